@@ -1,0 +1,1 @@
+"""lmcache_valkey."""

@@ -1,0 +1,151 @@
+"""Chunk wire format: a fixed-size header followed by the raw payload.
+
+The header is fixed-size so that a reader can scatter one value into two
+buffers it already owns: the first ``HEADER_SIZE`` bytes into a small scratch,
+the rest straight into the destination (LMCache's ``MemoryObj``), with no
+intermediate copy. Layout, little-endian::
+
+    0   4s   magic b"LMCV"
+    4   H    format version
+    6   H    header size
+    8   Q    payload length
+    16  I    CRC32C of the payload
+    20  I    CRC32C of the header (this field taken as zero)
+    24  Q    created, Unix milliseconds
+    32  16s  namespace digest        -> another namespace's chunk is "foreign"
+    48  16s  key digest              -> a value under the wrong key is "foreign"
+    64  H    metadata length
+    66  ...  msgpack metadata {"s": shapes, "d": dtypes, "f": fmt, "k": key string}
+
+Validation never raises on bad data: :func:`check` returns a
+:class:`~lmcache_valkey.errors.CorruptChunk` reason which the store counts as a miss.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+import google_crc32c
+import msgpack
+
+from .errors import CorruptChunk
+
+MAGIC = b"LMCV"
+VERSION = 1
+HEADER_SIZE = 512
+_FIXED = struct.Struct("<4sHHQIIQ16s16sH")
+_CRC_OFFSET = 20
+_META_MAX = HEADER_SIZE - _FIXED.size
+_KEY_STRING_MAX = 256
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    return google_crc32c.extend(value, data) if value else google_crc32c.value(data)
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """What a reader needs to allocate and interpret a chunk."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    fmt: int
+    key: str = ""  # LMCache key string (informational; may be truncated)
+
+
+@dataclass(frozen=True)
+class Header:
+    payload_len: int
+    payload_crc: int
+    created_ms: int
+    namespace_digest: bytes
+    key_digest: bytes
+    meta: ChunkMeta
+
+
+def encode_header(
+    meta: ChunkMeta,
+    payload: memoryview | bytes,
+    namespace_digest: bytes,
+    key_digest: bytes,
+    *,
+    created_ms: int | None = None,
+    payload_crc: int | None = None,
+) -> bytearray:
+    """Build the header for ``payload`` (which is not copied)."""
+    packed = msgpack.packb(
+        {
+            "s": [list(s) for s in meta.shapes],
+            "d": list(meta.dtypes),
+            "f": int(meta.fmt),
+            "k": meta.key[:_KEY_STRING_MAX],
+        },
+        use_bin_type=True,
+    )
+    if len(packed) > _META_MAX:
+        raise ValueError(f"chunk metadata of {len(packed)} bytes does not fit the {HEADER_SIZE}-byte header")
+    n = memoryview(payload).nbytes
+    crc = crc32c(payload) if payload_crc is None else payload_crc
+    created = int(time.time() * 1000) if created_ms is None else created_ms
+    buf = bytearray(HEADER_SIZE)
+    _FIXED.pack_into(
+        buf, 0, MAGIC, VERSION, HEADER_SIZE, n, crc, 0, created, namespace_digest, key_digest, len(packed)
+    )
+    buf[_FIXED.size : _FIXED.size + len(packed)] = packed
+    struct.pack_into("<I", buf, _CRC_OFFSET, crc32c(buf))
+    return buf
+
+
+def decode_header(buf: bytes | bytearray | memoryview) -> Header:
+    """Parse and self-check a header. Raises :class:`CorruptChunk` on anything off."""
+    view = memoryview(buf)
+    if view.nbytes < HEADER_SIZE:
+        raise CorruptChunk("truncated", f"header of {view.nbytes} bytes")
+    magic, version, hsize, plen, pcrc, hcrc, created, ns, kd, mlen = _FIXED.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptChunk("foreign", "not an lmcache-valkey chunk (bad magic)")
+    if version != VERSION or hsize != HEADER_SIZE:
+        raise CorruptChunk("foreign", f"format version {version}/{hsize}, expected {VERSION}/{HEADER_SIZE}")
+    scratch = bytearray(view[:HEADER_SIZE])
+    scratch[_CRC_OFFSET : _CRC_OFFSET + 4] = b"\0\0\0\0"
+    if crc32c(scratch) != hcrc:
+        raise CorruptChunk("crc", "header checksum mismatch")
+    if mlen > _META_MAX:
+        raise CorruptChunk("crc", "metadata length out of range")
+    try:
+        m = msgpack.unpackb(bytes(view[_FIXED.size : _FIXED.size + mlen]), raw=False)
+        meta = ChunkMeta(
+            shapes=tuple(tuple(int(d) for d in s) for s in m["s"]),
+            dtypes=tuple(str(d) for d in m["d"]),
+            fmt=int(m["f"]),
+            key=str(m.get("k", "")),
+        )
+    except Exception as e:  # malformed msgpack is corruption, never a crash
+        raise CorruptChunk("crc", f"unreadable metadata ({e})") from None
+    return Header(plen, pcrc, created, ns, kd, meta)
+
+
+def check(
+    header: Header,
+    value_len: int,
+    payload: memoryview,
+    namespace_digest: bytes,
+    key_digest: bytes,
+    *,
+    verify_crc: bool = True,
+) -> None:
+    """Check a value read into (header, payload). Raises :class:`CorruptChunk`.
+
+    ``value_len`` is the stored value's full length as reported by the server;
+    ``payload`` is the destination that received the bytes after the header.
+    """
+    if header.namespace_digest != namespace_digest or header.key_digest != key_digest:
+        raise CorruptChunk("foreign", "chunk belongs to another namespace or key")
+    if value_len - HEADER_SIZE != header.payload_len:
+        raise CorruptChunk("truncated", f"value holds {value_len - HEADER_SIZE} payload bytes, header says {header.payload_len}")
+    if header.payload_len != payload.nbytes:
+        raise CorruptChunk("oversized", f"payload of {header.payload_len} bytes for a {payload.nbytes}-byte buffer")
+    if verify_crc and crc32c(payload) != header.payload_crc:
+        raise CorruptChunk("crc", "payload checksum mismatch")

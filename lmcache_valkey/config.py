@@ -1,0 +1,330 @@
+"""Settings: parsed and validated once, at start-up, into frozen dataclasses.
+
+Sources, in order of precedence: LMCache ``extra_config``
+(``remote_storage_plugin.<name>.<key>``), then the query string of ``url``, then
+environment variables for secrets (``LMCACHE_VALKEY_USERNAME``,
+``LMCACHE_VALKEY_PASSWORD``, ``LMCACHE_VALKEY_PASSWORD_FILE``). Every bad or
+unknown key raises :class:`~lmcache_valkey.errors.ConfigError` naming the key and
+the expected form. Nothing downstream re-parses strings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .errors import ConfigError
+
+PLUGIN_PREFIX = "remote_storage_plugin."
+# Keys LMCache itself reads from the same extra_config namespace.
+LMCACHE_OWN_KEYS = frozenset({"module_path", "class_name"})
+
+_SCHEMES_PLAIN = {"valkey", "redis"}
+_SCHEMES_TLS = {"valkeys", "rediss"}
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server address: TCP ``host:port`` or a Unix socket ``path``."""
+
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.path if self.path else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    server_name: str | None = None
+
+
+@dataclass(frozen=True)
+class FabricSettings:
+    provider: str = ""  # "" = choose per environment (efa if present, else tcp;ofi_rxm)
+    bind_addr: str = ""  # "" = the address used to reach Valkey
+    scratch_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the store needs, validated."""
+
+    nodes: tuple[Node, ...] = (Node("127.0.0.1", 6379),)
+    tls: TLSSettings | None = None
+    db: int = 0
+    cluster: str = "auto"  # auto | yes | no
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tenant: str = "default"
+    namespace: str | None = None  # overrides the computed fingerprint
+    connect_timeout_s: float = 2.0
+    op_timeout_s: float = 5.0
+    lookup_timeout_s: float = 1.0
+    connections_per_node: int = 4
+    ttl_s: float | None = None
+    max_chunk_bytes: int = 512 << 20
+    transport: str = "auto"  # auto | tcp | fabric
+    fabric: FabricSettings = field(default_factory=FabricSettings)
+    key_prefix: str = "lmcv"
+
+    @property
+    def url_for_humans(self) -> str:
+        scheme = "valkeys" if self.tls else "valkey"
+        return f"{scheme}://" + ",".join(n.name for n in self.nodes)
+
+
+# --- value parsers: each returns the typed value or raises ConfigError(key, expected)
+
+
+def _as_str(key: str, v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise ConfigError(key, "a string", v)
+
+
+def _as_bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        return v.strip().lower() in {"1", "true", "yes", "on"}
+    raise ConfigError(key, "a boolean (true/false)", v)
+
+
+def _as_float(key: str, v: Any, *, minimum: float = 0.0, allow_zero: bool = False) -> float:
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(key, "a number of seconds", v) from None
+    if f < minimum or (f == minimum and not allow_zero) or f != f or f == float("inf"):
+        bound = f">= {minimum}" if allow_zero else f"> {minimum}"
+        raise ConfigError(key, f"a finite number {bound}", v)
+    return f
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _as_size(key: str, v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    if isinstance(v, str):
+        m = _SIZE_RE.match(v)
+        if m:
+            unit = (m.group(2) or "").upper()[:1]
+            n = int(m.group(1)) * _SIZE_UNITS[unit]
+            if n > 0:
+                return n
+    raise ConfigError(key, "a positive byte count (e.g. 536870912 or '512MiB')", v)
+
+
+def _as_int(key: str, v: Any, *, minimum: int, maximum: int) -> int:
+    try:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        i = int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"an integer in [{minimum}, {maximum}]", v) from None
+    if not minimum <= i <= maximum:
+        raise ConfigError(key, f"an integer in [{minimum}, {maximum}]", v)
+    return i
+
+
+def _as_choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
+    if isinstance(v, bool) and "yes" in choices:
+        return "yes" if v else "no"
+    if isinstance(v, str) and v.strip().lower() in choices:
+        return v.strip().lower()
+    raise ConfigError(key, "one of " + "|".join(choices), v)
+
+
+def _as_file(key: str, v: Any) -> str:
+    path = _as_str(key, v)
+    if not os.path.isfile(path):
+        raise ConfigError(key, "the path of a readable file", v)
+    return path
+
+
+def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, dict[str, str], str | None, str | None]:
+    """Parse ``valkey[s]://[user:pass@]host:port[,host:port...][/db][?k=v]`` or ``unix:///path``.
+
+    Returns (nodes, tls, db, query, username, password).
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(key, "a URL like valkey://host:6379, valkeys://host:6380 or unix:///path/valkey.sock", url)
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    query: dict[str, str] = {}
+    if "?" in rest:
+        rest, qs = rest.split("?", 1)
+        query = dict(parse_qsl(qs, keep_blank_values=True))
+    if scheme == "unix":
+        if not rest.startswith("/"):
+            raise ConfigError(key, "unix:///absolute/path.sock", url)
+        return (Node(path=rest),), False, 0, query, None, None
+    if scheme not in _SCHEMES_PLAIN | _SCHEMES_TLS:
+        raise ConfigError(key, "scheme valkey://, valkeys://, redis://, rediss:// or unix://", url)
+    username = password = None
+    if "@" in rest:
+        cred, rest = rest.rsplit("@", 1)
+        if ":" in cred:
+            u, p = cred.split(":", 1)
+            username, password = (unquote(u) or None), unquote(p)
+        else:
+            password = unquote(cred)
+    db = 0
+    if "/" in rest:
+        rest, dbs = rest.split("/", 1)
+        if dbs:
+            db = _as_int(f"{key} (database)", dbs, minimum=0, maximum=15)
+    nodes = []
+    for part in rest.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        split = urlsplit("//" + part)
+        try:
+            port = split.port or 6379
+        except ValueError:
+            raise ConfigError(key, "host:port with a port in 1..65535", part) from None
+        if not split.hostname:
+            raise ConfigError(key, "host:port", part)
+        nodes.append(Node(split.hostname, port))
+    if not nodes:
+        raise ConfigError(key, "at least one host:port", url)
+    return tuple(nodes), scheme in _SCHEMES_TLS, db, query, username, password
+
+
+def _read_password_file(key: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise ConfigError(key, f"a readable file ({e.strerror})", path) from None
+
+
+# key -> (field name, parser). Parsers get (key, raw) and return the typed value.
+_SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "cluster": ("cluster", lambda k, v: _as_choice(k, v, ("auto", "yes", "no"))),
+    "username": ("username", _as_str),
+    "password": ("password", _as_str),
+    "tenant": ("tenant", lambda k, v: _check_tenant(k, _as_str(k, v))),
+    "namespace": ("namespace", lambda k, v: _check_tenant(k, _as_str(k, v))),
+    "connect_timeout_s": ("connect_timeout_s", _as_float),
+    "op_timeout_s": ("op_timeout_s", _as_float),
+    "lookup_timeout_s": ("lookup_timeout_s", _as_float),
+    "connections_per_node": ("connections_per_node", lambda k, v: _as_int(k, v, minimum=1, maximum=64)),
+    "ttl_s": ("ttl_s", lambda k, v: _as_float(k, v, allow_zero=True) or None),
+    "max_chunk_bytes": ("max_chunk_bytes", _as_size),
+    "transport": ("transport", lambda k, v: _as_choice(k, v, ("auto", "tcp", "fabric"))),
+    "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, _as_str(k, v))),
+}
+_TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
+_FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}
+KNOWN_KEYS = frozenset(_SIMPLE) | _TLS_KEYS | _FABRIC_KEYS | {"url", "password_file"}
+
+
+def _check_tenant(key: str, v: str) -> str:
+    if not _TENANT_RE.match(v):
+        raise ConfigError(key, "1-64 characters of letters, digits, '_', '.', '-'", v)
+    return v
+
+
+def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
+    """Validate a flat mapping of plugin keys (without the ``remote_storage_plugin.<name>.`` prefix)."""
+    env = os.environ if env is None else env
+    unknown = sorted(k for k in raw if k not in KNOWN_KEYS and k not in LMCACHE_OWN_KEYS)
+    if unknown:
+        raise ConfigError(unknown[0], "one of the known keys: " + ", ".join(sorted(KNOWN_KEYS)), raw[unknown[0]])
+    values: dict[str, Any] = {}
+    url_user = url_pass = None
+    tls_on = False
+    merged = dict(raw)
+    if "url" in raw:
+        nodes, tls_on, db, query, url_user, url_pass = parse_url(raw["url"])
+        values.update(nodes=nodes, db=db)
+        for qk, qv in query.items():  # explicit keys beat the URL's query string
+            if qk not in KNOWN_KEYS or qk == "url":
+                raise ConfigError(f"url?{qk}", "a known setting in the query string", qv)
+            merged.setdefault(qk, qv)
+    for k, (name, parse) in _SIMPLE.items():
+        if k in merged and merged[k] is not None:
+            values[name] = parse(k, merged[k])
+    # Secrets: explicit key > URL userinfo > password file > environment.
+    values.setdefault("username", url_user or env.get("LMCACHE_VALKEY_USERNAME") or None)
+    if "password" not in values:
+        pw_file = merged.get("password_file") or env.get("LMCACHE_VALKEY_PASSWORD_FILE")
+        if url_pass is not None:
+            values["password"] = url_pass
+        elif pw_file:
+            values["password"] = _read_password_file("password_file", _as_str("password_file", pw_file))
+        elif env.get("LMCACHE_VALKEY_PASSWORD"):
+            values["password"] = env["LMCACHE_VALKEY_PASSWORD"]
+    if "tls" in merged:
+        tls_on = _as_bool("tls", merged["tls"]) or tls_on
+    if tls_on or any(k in merged for k in _TLS_KEYS - {"tls"}):
+        tls_on = True
+        values["tls"] = TLSSettings(
+            ca_file=_as_file("tls_ca_file", merged["tls_ca_file"]) if merged.get("tls_ca_file") else None,
+            cert_file=_as_file("tls_cert_file", merged["tls_cert_file"]) if merged.get("tls_cert_file") else None,
+            key_file=_as_file("tls_key_file", merged["tls_key_file"]) if merged.get("tls_key_file") else None,
+            verify=_as_bool("tls_verify", merged.get("tls_verify", True)),
+            server_name=_as_str("tls_server_name", merged["tls_server_name"]) if merged.get("tls_server_name") else None,
+        )
+        if bool(values["tls"].cert_file) != bool(values["tls"].key_file):
+            raise ConfigError("tls_cert_file", "tls_cert_file and tls_key_file given together (client certificate)")
+    if any(k in merged for k in _FABRIC_KEYS):
+        values["fabric"] = FabricSettings(
+            provider=_as_str("fabric_provider", merged.get("fabric_provider", "")),
+            bind_addr=_as_str("fabric_bind_addr", merged.get("fabric_bind_addr", "")),
+            scratch_bytes=_as_size("fabric_scratch_bytes", merged.get("fabric_scratch_bytes", 1 << 20)),
+        )
+    if any(n.path for n in values.get("nodes", ())) and values.get("cluster") == "yes":
+        raise ConfigError("cluster", "'no' or 'auto' with a unix:// url", "yes")
+    s = Settings(**values)
+    if s.lookup_timeout_s > s.op_timeout_s:
+        raise ConfigError("lookup_timeout_s", f"at most op_timeout_s ({s.op_timeout_s})", s.lookup_timeout_s)
+    return s
+
+
+def settings_from_extra_config(extra_config: Mapping[str, Any] | None, plugin_name: str, **kw: Any) -> Settings:
+    """Pick ``remote_storage_plugin.<plugin_name>.*`` out of LMCache's ``extra_config``."""
+    prefix = f"{PLUGIN_PREFIX}{plugin_name}."
+    raw = {k[len(prefix):]: v for k, v in (extra_config or {}).items() if k.startswith(prefix)}
+    try:
+        return settings_from_mapping(raw, **kw)
+    except ConfigError as e:
+        # Name the key as the user wrote it in YAML.
+        raise ConfigError(prefix + e.key, e.expected, e.got) from None
+
+
+def settings_from_url(url: str, **kw: Any) -> Settings:
+    return settings_from_mapping({"url": url}, **kw)
+
+
+__all__ = [
+    "Node",
+    "TLSSettings",
+    "FabricSettings",
+    "Settings",
+    "KNOWN_KEYS",
+    "parse_url",
+    "settings_from_mapping",
+    "settings_from_extra_config",
+    "settings_from_url",
+    "replace",
+    "fields",
+]

@@ -1,0 +1,100 @@
+"""Typed errors of lmcache_valkey.
+
+Every layer raises these and nothing else across its boundary; third-party
+exceptions (valkey-py, aiobotocore, cffi) are mapped to them in the one module
+that imports that library. A cache *miss* is never an exception: APIs return
+``None``. Exceptions are for what a caller may want to count or act on.
+"""
+
+from __future__ import annotations
+
+
+class LmcacheValkeyError(Exception):
+    """Base class of every error this package raises."""
+
+
+class ConfigError(LmcacheValkeyError, ValueError):
+    """A setting is missing, unknown or malformed. Raised at start-up only."""
+
+    def __init__(self, key: str, expected: str, got: object = None) -> None:
+        self.key = key
+        self.expected = expected
+        self.got = got
+        shown = "" if got is None else f", got {got!r}"
+        super().__init__(f"invalid setting {key!r}: expected {expected}{shown}")
+
+
+class TransportError(LmcacheValkeyError):
+    """An operation against a server failed; the chunk is a miss or the put failed."""
+
+    cause = "error"  # short label used by metrics
+
+
+class ConnectionLost(TransportError):
+    """The connection broke (refused, reset, closed mid-reply)."""
+
+    cause = "connection"
+
+
+class DeadlineExceeded(TransportError, TimeoutError):
+    """The operation did not finish before its deadline."""
+
+    cause = "deadline"
+
+
+class ServerError(TransportError):
+    """The server answered with an error reply (``-ERR ...``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.prefix = message.split(" ", 1)[0] if message else ""
+
+
+class AuthError(ServerError):
+    """NOAUTH, WRONGPASS or NOPERM: credentials or ACL refuse the operation."""
+
+    cause = "acl"
+
+
+class OutOfMemory(ServerError):
+    """The server is at ``maxmemory`` and refused a write (OOM)."""
+
+    cause = "oom"
+
+
+class ProtocolError(TransportError):
+    """The byte stream is not valid RESP; the connection must be dropped."""
+
+    cause = "protocol"
+
+
+class FabricUnavailable(LmcacheValkeyError):
+    """libfabric (or the requested provider/endpoint) cannot be used here."""
+
+
+class CorruptChunk(LmcacheValkeyError):
+    """A stored value failed validation (bad magic, CRC, length, or a foreign key).
+
+    ``reason`` is one of ``truncated``, ``crc``, ``foreign``, ``oversized``,
+    ``format`` and is used as the metrics label of the counted miss.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+# Error-reply prefixes mapped to classes, in the style of valkey-py's parser table.
+SERVER_ERROR_PREFIXES: dict[str, type[ServerError]] = {
+    "NOAUTH": AuthError,
+    "WRONGPASS": AuthError,
+    "NOPERM": AuthError,
+    "OOM": OutOfMemory,
+}
+
+
+def server_error(message: str) -> ServerError:
+    """Build the typed exception for an error reply's message."""
+    prefix = message.split(" ", 1)[0]
+    return SERVER_ERROR_PREFIXES.get(prefix, ServerError)(message)

@@ -1,0 +1,90 @@
+"""Key schema and namespaces.
+
+A hit is only safe when everything that shapes the KV bytes matches, so the
+namespace is a fingerprint of model name/revision, adapters, tokenizer, KV dtype,
+KV shapes and memory format, TP/PP world size and rank, chunk size and our wire
+format version; the tenant is a separate, readable path segment so that a Valkey
+ACL user can be confined to ``~<prefix>:<tenant>:*``.
+
+Layout (see docs/keys.md)::
+
+    <prefix>:<tenant>:<namespace>:c:{<chunk id>}   chunk value (header + payload)
+    <prefix>:<tenant>:<namespace>:t:{<chunk id>}   tier marker (lower tiers hold it)
+
+The hash tag is the chunk id alone: a chunk's value and marker share a Cluster
+slot (one ``EXISTS value marker`` answers "in any tier?"), while the chunks of
+one namespace spread over every shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+FORMAT_VERSION = 1
+DATA = "c"
+TIER_MARKER = "t"
+
+
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    """A stable 16-byte hex digest of the fields that decide KV compatibility."""
+    canonical = json.dumps({**fields, "format_version": FORMAT_VERSION}, sort_keys=True, default=str)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Where one model/layout's chunks live, for one tenant."""
+
+    prefix: str
+    tenant: str
+    digest: str  # hex fingerprint (or a validated override)
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{self.tenant}:{self.digest}"
+
+    @property
+    def digest_bytes(self) -> bytes:
+        """16 bytes stored in each chunk header; a chunk of another namespace is foreign."""
+        return hashlib.blake2b(self.base.encode(), digest_size=16).digest()
+
+    def data_key(self, chunk_id: str) -> bytes:
+        return f"{self.base}:{DATA}:{{{chunk_id}}}".encode()
+
+    def marker_key(self, chunk_id: str) -> bytes:
+        return f"{self.base}:{TIER_MARKER}:{{{chunk_id}}}".encode()
+
+    def data_pattern(self) -> bytes:
+        return f"{self.base}:{DATA}:*".encode()
+
+    def chunk_id_of(self, key: bytes) -> str:
+        head = f"{self.base}:{DATA}:{{".encode()
+        if not (key.startswith(head) and key.endswith(b"}")):
+            raise ValueError(f"key {key!r} is not a data key of namespace {self.base}")
+        return key[len(head):-1].decode()
+
+    @property
+    def tenant_pattern(self) -> str:
+        """The ACL key pattern that confines a user to this tenant."""
+        return f"~{self.prefix}:{self.tenant}:*"
+
+
+def make_namespace(prefix: str, tenant: str, fields: Mapping[str, Any], override: str | None = None) -> Namespace:
+    if ":" in tenant or not tenant:
+        raise ConfigError("tenant", "a non-empty name without ':'", tenant)
+    return Namespace(prefix=prefix, tenant=tenant, digest=override or fingerprint(fields))
+
+
+def chunk_id(key_string: str) -> str:
+    """A compact, fixed-length id for an LMCache key string (already namespaced by the digest)."""
+    return hashlib.blake2b(key_string.encode(), digest_size=16).hexdigest()
+
+
+def key_digest(key_string: str) -> bytes:
+    """16 bytes stored in the chunk header to detect a value stored under the wrong key."""
+    return hashlib.blake2b(key_string.encode(), digest_size=16, person=b"lmcv-key").digest()
