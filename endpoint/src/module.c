@@ -1,0 +1,501 @@
+/* Command layer of the endpoint: parses BLOB.* arguments, owns the keyspace values and the
+ * per-connection fabric sessions, and decides between a synchronous reply (bulk mode,
+ * misses, refusals) and a blocked client served by the fabric thread (RMA mode).
+ * Never calls libfabric directly (fabric.c does) and never waits on the network. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../include/lmcv_commands.h"
+#include "../include/lmcv_replies.h"
+#include "arena.h"
+#include "crc32c.h"
+#include "fabric.h"
+#include "rm_api.h"
+
+/* ---- values ------------------------------------------------------------------------ */
+
+/* One stored value: an extent of the arena. Referenced by the keyspace and by every
+ * transfer touching it, so DEL during a GET never frees bytes still being written out. */
+typedef struct blob {
+    int64_t off;
+    uint64_t len;
+    uint32_t crc;
+    int refs;
+} blob;
+
+static struct {
+    lmcv_arena *arena;
+    lmcv_fabric *fabric;
+    RMType *type;
+    long long default_timeout_ms, max_timeout_ms;
+    char provider[64], bind[64];
+    unsigned long long arena_mb, chunk_kb;
+    /* main-thread counters */
+    unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
+} G = {.default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
+       .bind = "", .arena_mb = 1024, .chunk_kb = 8192};
+
+static blob *blob_new(uint64_t len) {
+    int64_t off = lmcv_arena_alloc(G.arena, len);
+    if (off < 0) return NULL;
+    blob *b = malloc(sizeof(*b));
+    if (!b) { lmcv_arena_free(G.arena, off, len); return NULL; }
+    *b = (blob){off, len, 0, 1};
+    return b;
+}
+
+static char *blob_ptr(const blob *b) { return (char *)lmcv_arena_base(G.arena) + b->off; }
+static void blob_ref(blob *b) { __atomic_add_fetch(&b->refs, 1, __ATOMIC_ACQ_REL); }
+/* May run on the fabric thread: the arena is thread-safe. */
+static void blob_unref(blob *b) {
+    if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        lmcv_arena_free(G.arena, b->off, b->len);
+        free(b);
+    }
+}
+
+/* ---- data type callbacks ------------------------------------------------------------- */
+
+static void type_free(void *v) { G.objects--; blob_unref(v); }
+static size_t type_mem_usage(const void *v) { return sizeof(blob) + ((const blob *)v)->len; }
+static void type_rdb_save(RMIO *io, void *v) { blob *b = v; RM_SaveStringBuffer(io, blob_ptr(b), b->len); }
+static void *type_rdb_load(RMIO *io, int encver) {
+    if (encver != LMCV_TYPE_ENCVER) return NULL;
+    size_t n = 0;
+    char *buf = RM_LoadStringBuffer(io, &n);
+    blob *b = buf ? blob_new(n) : NULL;
+    if (b) { memcpy(blob_ptr(b), buf, n); b->crc = lmcv_crc32c(0, buf, n); G.objects++; }
+    if (buf) RM_Free(buf);
+    return b;
+}
+static void type_aof_rewrite(RMIO *aof, RMString *key, void *v) {
+    blob *b = v;
+    RM_EmitAOF(aof, LMCV_CMD_SET, "sb", key, blob_ptr(b), b->len);
+}
+
+/* ---- sessions: one fabric peer per client connection, created by HELLO --------------- */
+
+typedef struct {
+    unsigned long long client_id;
+    uint64_t peer;
+} session;
+static session *sessions;
+static size_t nsessions, capsessions;
+
+static session *session_find(unsigned long long id) {
+    for (size_t i = 0; i < nsessions; i++) if (sessions[i].client_id == id) return &sessions[i];
+    return NULL;
+}
+
+static void on_client_change(RMCtx *ctx, RMEvent e, uint64_t sub, void *data) {
+    (void)ctx; (void)e;
+    if (sub != RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED) return;
+    unsigned long long id = ((RMClientInfoHead *)data)->id;
+    session *s = session_find(id);
+    if (!s) return;
+    lmcv_fabric_forget_peer(G.fabric, s->peer);
+    *s = sessions[--nsessions];
+}
+
+/* ---- argument parsing ---------------------------------------------------------------- */
+
+static int parse_u64(RMString *s, uint64_t *out) {
+    size_t n;
+    const char *p = RM_StringPtrLen(s, &n);
+    if (n == 0 || n > 20) return -1;
+    char buf[24];
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    for (size_t i = 0; i < n; i++) if (buf[i] < '0' || buf[i] > '9') return -1;
+    errno = 0;
+    unsigned long long v = strtoull(buf, NULL, 10);
+    if (errno) return -1;
+    *out = v;
+    return 0;
+}
+
+static int is_word(RMString *s, const char *w) {
+    size_t n;
+    const char *p = RM_StringPtrLen(s, &n);
+    return n == strlen(w) && strncasecmp(p, w, n) == 0;
+}
+
+typedef struct {
+    lmcv_seg segs[LMCV_MAX_SEGS];
+    int nsegs;
+    uint64_t window;
+    long long px_ms, timeout_ms;
+    int partial;
+} req_args;
+
+/* Triples from argv[i], then keyword options. 0 ok, -1 syntax, -2 bad triple. */
+static int parse_tail(RMString **argv, int argc, int i, req_args *a) {
+    memset(a, 0, sizeof(*a));
+    a->timeout_ms = G.default_timeout_ms;
+    while (i + 2 < argc) {
+        uint64_t k, ad, ln;
+        if (parse_u64(argv[i], &k)) break;
+        if (parse_u64(argv[i + 1], &ad) || parse_u64(argv[i + 2], &ln)) return -2;
+        if (ln == 0 || ad + ln < ad || a->nsegs == LMCV_MAX_SEGS) return -2;
+        a->segs[a->nsegs++] = (lmcv_seg){k, ad, ln};
+        if (a->window + ln < a->window) return -2;
+        a->window += ln;
+        i += 3;
+    }
+    while (i < argc) {
+        uint64_t v;
+        if (is_word(argv[i], LMCV_OPT_PARTIAL)) { a->partial = 1; i++; continue; }
+        if (i + 1 >= argc || parse_u64(argv[i + 1], &v)) return -1;
+        if (is_word(argv[i], LMCV_OPT_PX) && v > 0) a->px_ms = (long long)v;
+        else if (is_word(argv[i], LMCV_OPT_TIMEOUT) && v > 0)
+            a->timeout_ms = (long long)v < G.max_timeout_ms ? (long long)v : G.max_timeout_ms;
+        else return -1;
+        i += 2;
+    }
+    return 0;
+}
+
+static int reply_fmt(RMCtx *ctx, const char *fmt, unsigned long long a, unsigned long long b) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), fmt, a, b);
+    return RM_ReplyWithError(ctx, msg);
+}
+
+static int reply_parse_error(RMCtx *ctx, int rc) {
+    G.refused++;
+    return RM_ReplyWithError(ctx, rc == -2 ? LMCV_ERR_TRIPLES : LMCV_ERR_SYNTAX);
+}
+
+/* Opens a key and classifies it: 1 ours, 0 empty, -1 another type (key stays open). */
+static int open_blob_key(RMCtx *ctx, RMString *name, int mode, RMKey **key, blob **b) {
+    *key = RM_OpenKey(ctx, name, mode);
+    *b = NULL;
+    int t = RM_KeyType(*key);
+    if (t == RM_KEYTYPE_EMPTY) return 0;
+    if (t != RM_KEYTYPE_MODULE || RM_ModuleTypeGetType(*key) != G.type) return -1;
+    *b = RM_ModuleTypeGetValue(*key);
+    return 1;
+}
+
+/* Stores b (taking over one reference) under name, replacing whatever was there. */
+static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
+    RMKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
+    int t = RM_KeyType(key);
+    if (t != RM_KEYTYPE_EMPTY && (t != RM_KEYTYPE_MODULE || RM_ModuleTypeGetType(key) != G.type))
+        RM_DeleteKey(key);
+    RM_ModuleTypeSetValue(key, G.type, b);
+    G.objects++;
+    if (px_ms > 0) RM_SetExpire(key, px_ms);
+    RM_CloseKey(key);
+}
+
+/* ---- RMA transfers: blocked client <-> fabric thread --------------------------------- */
+
+typedef struct {
+    int op, status;
+    uint64_t inflight, obj_len, timeout_ms;
+    uint32_t crc;
+    long long px_ms;
+    blob *obj; /* SET success: the reference the keyspace takes over */
+    char errmsg[96];
+} xfer_result;
+
+typedef struct {
+    lmcv_xfer x;
+    RMBlockedClient *bc;
+    blob *obj; /* the transfer's own reference */
+    uint64_t obj_len, timeout_ms;
+    long long px_ms;
+} pending;
+
+static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
+    pending *p = (pending *)x;
+    xfer_result *r = calloc(1, sizeof(*r));
+    if (!r) abort(); /* cannot reply without it; a lost reply would hang the client */
+    r->op = x->op;
+    r->status = status;
+    r->inflight = inflight;
+    r->obj_len = p->obj_len;
+    r->timeout_ms = p->timeout_ms;
+    r->px_ms = p->px_ms;
+    memcpy(r->errmsg, x->errmsg, sizeof(r->errmsg));
+    if (status == LMCV_XFER_OK && x->op == LMCV_XFER_READ) {
+        /* CRC on the fabric thread, so the main thread never scans large values. */
+        p->obj->crc = lmcv_crc32c(0, blob_ptr(p->obj), p->obj->len);
+        blob_ref(p->obj);
+        r->obj = p->obj;
+    }
+    r->crc = p->obj->crc;
+    RM_UnblockClient(p->bc, r);
+}
+
+static void xfer_release(lmcv_xfer *x) {
+    pending *p = (pending *)x;
+    blob_unref(p->obj);
+    free(p);
+}
+
+static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
+    (void)argc;
+    xfer_result *r = RM_GetBlockedClientPrivateData(ctx);
+    if (r->status == LMCV_XFER_TIMEDOUT)
+        return reply_fmt(ctx, LMCV_ERR_TIMEOUT, r->timeout_ms, r->inflight);
+    if (r->status == LMCV_XFER_SHUTDOWN) return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
+    if (r->status != LMCV_XFER_OK) {
+        char msg[192];
+        snprintf(msg, sizeof(msg), LMCV_ERR_XFER, r->errmsg);
+        return RM_ReplyWithError(ctx, msg);
+    }
+    if (r->op == LMCV_XFER_READ) {
+        store_blob(ctx, argv[1], r->obj, r->px_ms);
+        r->obj = NULL;
+        return RM_ReplyWithSimpleString(ctx, "OK");
+    }
+    RM_ReplyWithArray(ctx, 2);
+    RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
+    return RM_ReplyWithLongLong(ctx, (long long)r->crc);
+}
+
+static int xfer_timeout(RMCtx *ctx, RMString **argv, int argc) {
+    (void)argv; (void)argc; /* unused: we block without a server-side timeout */
+    return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
+}
+
+static void xfer_free(RMCtx *ctx, void *priv) {
+    (void)ctx;
+    xfer_result *r = priv;
+    if (r->obj) blob_unref(r->obj); /* client went away before a SET could be stored */
+    free(r);
+}
+
+/* Hands obj (one reference taken over) to the fabric thread and blocks the client. */
+static int start_xfer(RMCtx *ctx, int op, session *s, blob *obj, uint64_t len, req_args *a) {
+    pending *p = calloc(1, sizeof(*p));
+    if (!p) { blob_unref(obj); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+    p->obj = obj;
+    p->obj_len = obj->len;
+    p->timeout_ms = (uint64_t)a->timeout_ms;
+    p->px_ms = a->px_ms;
+    p->x.op = op;
+    p->x.peer = s->peer;
+    p->x.local_off = (uint64_t)obj->off;
+    p->x.len = len;
+    memcpy(p->x.segs, a->segs, sizeof(a->segs));
+    p->x.nsegs = a->nsegs;
+    p->x.deadline_ns = lmcv_now_ns() + (uint64_t)a->timeout_ms * 1000000ull;
+    p->x.finished = xfer_finished;
+    p->x.release = xfer_release;
+    p->bc = RM_BlockClient(ctx, xfer_reply, xfer_timeout, xfer_free, 0);
+    if (lmcv_fabric_submit(G.fabric, &p->x)) {
+        p->x.finished(&p->x, LMCV_XFER_SHUTDOWN, 0);
+        p->x.release(&p->x);
+    }
+    return RM_OK;
+}
+
+/* ---- commands ------------------------------------------------------------------------ */
+
+static int hex_nibble(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 2) return RM_WrongArity(ctx);
+    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+    unsigned long long id = RM_GetClientId(ctx);
+    if (session_find(id)) return RM_ReplyWithError(ctx, LMCV_ERR_HELLO_TWICE);
+    size_t n;
+    const char *hex = RM_StringPtrLen(argv[1], &n);
+    unsigned char addr[512];
+    if (n == 0 || n % 2 || n / 2 > sizeof(addr)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+        addr[i] = (unsigned char)(hi << 4 | lo);
+    }
+    uint64_t peer;
+    if (lmcv_fabric_add_peer(G.fabric, addr, n / 2, &peer)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    if (nsessions == capsessions) {
+        size_t cap = capsessions ? capsessions * 2 : 16;
+        session *ns = realloc(sessions, cap * sizeof(*ns));
+        if (!ns) { lmcv_fabric_forget_peer(G.fabric, peer); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+        sessions = ns;
+        capsessions = cap;
+    }
+    sessions[nsessions++] = (session){id, peer};
+    /* Reply: the server's fabric addresses (one per device; this endpoint has one). */
+    RM_ReplyWithArray(ctx, 1);
+    const char *me = lmcv_fabric_name_hex(G.fabric);
+    return RM_ReplyWithStringBuffer(ctx, me, strlen(me));
+}
+
+static int cmd_set(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 3) return RM_WrongArity(ctx);
+    req_args a;
+    int rc = parse_tail(argv, argc, 3, &a);
+    if (rc) return reply_parse_error(ctx, rc);
+    if (a.nsegs == 0) { /* bulk: BLOB.SET key value [PX ms] */
+        size_t n;
+        const char *v = RM_StringPtrLen(argv[2], &n);
+        if (n > lmcv_arena_size(G.arena)) return reply_fmt(ctx, LMCV_ERR_TOOLARGE, n, lmcv_arena_size(G.arena));
+        blob *b = blob_new(n);
+        if (!b) return reply_fmt(ctx, LMCV_ERR_NOSPACE, n, 0);
+        memcpy(blob_ptr(b), v, n);
+        b->crc = lmcv_crc32c(0, v, n);
+        store_blob(ctx, argv[1], b, a.px_ms);
+        G.bulk_sets++;
+        return RM_ReplyWithSimpleString(ctx, "OK");
+    }
+    /* RMA: BLOB.SET key total_len (rkey addr len)+ [PX ms] [TIMEOUT ms] */
+    uint64_t total;
+    if (parse_u64(argv[2], &total)) return reply_parse_error(ctx, -1);
+    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+    session *s = session_find(RM_GetClientId(ctx));
+    if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
+    if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_fmt(ctx, LMCV_ERR_TOOLARGE, total, lmcv_arena_size(G.arena)); }
+    if (a.window < total) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, total); }
+    blob *b = blob_new(total);
+    if (!b) { G.refused++; return reply_fmt(ctx, LMCV_ERR_NOSPACE, total, 0); }
+    G.rma_sets++;
+    return start_xfer(ctx, LMCV_XFER_READ, s, b, total, &a);
+}
+
+static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 2) return RM_WrongArity(ctx);
+    req_args a;
+    int rc = parse_tail(argv, argc, 2, &a);
+    if (rc) return reply_parse_error(ctx, rc);
+    session *s = NULL;
+    if (a.nsegs) { /* refuse before looking at the key: the client's set-up is wrong */
+        if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+        s = session_find(RM_GetClientId(ctx));
+        if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
+    }
+    RMKey *key;
+    blob *b;
+    int kind = open_blob_key(ctx, argv[1], RM_READ, &key, &b);
+    if (kind <= 0) {
+        RM_CloseKey(key);
+        if (kind < 0) return RM_ReplyWithError(ctx, LMCV_ERR_WRONGTYPE);
+        G.misses++;
+        return RM_ReplyWithNull(ctx);
+    }
+    if (!a.nsegs) {
+        G.bulk_gets++;
+        RM_ReplyWithStringBuffer(ctx, blob_ptr(b), b->len);
+        RM_CloseKey(key);
+        return RM_OK;
+    }
+    RM_CloseKey(key);
+    if (a.window < b->len && !a.partial) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, b->len); }
+    blob_ref(b); /* the transfer's reference: DEL meanwhile leaves the bytes intact */
+    G.rma_gets++;
+    return start_xfer(ctx, LMCV_XFER_WRITE, s, b, a.window < b->len ? a.window : b->len, &a);
+}
+
+static int cmd_info(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 2) return RM_WrongArity(ctx);
+    RMKey *key;
+    blob *b;
+    int kind = open_blob_key(ctx, argv[1], RM_READ, &key, &b);
+    RM_CloseKey(key);
+    if (kind < 0) return RM_ReplyWithError(ctx, LMCV_ERR_WRONGTYPE);
+    if (kind == 0) return RM_ReplyWithNull(ctx);
+    RM_ReplyWithArray(ctx, 4);
+    RM_ReplyWithSimpleString(ctx, "length");
+    RM_ReplyWithLongLong(ctx, (long long)b->len);
+    RM_ReplyWithSimpleString(ctx, "crc32c");
+    return RM_ReplyWithLongLong(ctx, (long long)b->crc);
+}
+
+static void info_func(RMInfoCtx *ctx, int for_crash_report) {
+    (void)for_crash_report;
+    lmcv_fabric_stats st = {0};
+    if (G.fabric) lmcv_fabric_stats_get(G.fabric, &st);
+    RM_InfoAddSection(ctx, "stats");
+    RM_InfoAddFieldCString(ctx, "provider", G.fabric ? lmcv_fabric_provider(G.fabric) : "none");
+    RM_InfoAddFieldULongLong(ctx, "arena_bytes", lmcv_arena_size(G.arena));
+    RM_InfoAddFieldULongLong(ctx, "arena_used_bytes", lmcv_arena_used(G.arena));
+    RM_InfoAddFieldULongLong(ctx, "objects", G.objects);
+    RM_InfoAddFieldULongLong(ctx, "sessions", nsessions);
+    RM_InfoAddFieldULongLong(ctx, "peers", st.peers);
+    RM_InfoAddFieldULongLong(ctx, "bulk_gets", G.bulk_gets);
+    RM_InfoAddFieldULongLong(ctx, "bulk_sets", G.bulk_sets);
+    RM_InfoAddFieldULongLong(ctx, "rma_gets", G.rma_gets);
+    RM_InfoAddFieldULongLong(ctx, "rma_sets", G.rma_sets);
+    RM_InfoAddFieldULongLong(ctx, "misses", G.misses);
+    RM_InfoAddFieldULongLong(ctx, "refused", G.refused);
+    RM_InfoAddFieldULongLong(ctx, "xfers_ok", st.xfers_ok);
+    RM_InfoAddFieldULongLong(ctx, "xfers_failed", st.xfers_failed);
+    RM_InfoAddFieldULongLong(ctx, "xfers_timedout", st.xfers_timedout);
+    RM_InfoAddFieldULongLong(ctx, "bytes_to_peers", st.bytes_to_peers);
+    RM_InfoAddFieldULongLong(ctx, "bytes_from_peers", st.bytes_from_peers);
+    RM_InfoAddFieldULongLong(ctx, "ops_posted", st.ops_posted);
+    RM_InfoAddFieldULongLong(ctx, "op_errors", st.op_errors);
+}
+
+/* ---- load ---------------------------------------------------------------------------- */
+
+static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
+    for (int i = 0; i + 1 < argc; i += 2) {
+        size_t kn, vn;
+        const char *k = RM_StringPtrLen(argv[i], &kn);
+        const char *v = RM_StringPtrLen(argv[i + 1], &vn);
+        uint64_t num = 0;
+        int isnum = parse_u64(argv[i + 1], &num) == 0;
+        if (!strcasecmp(k, "provider") && vn < sizeof(G.provider)) snprintf(G.provider, sizeof(G.provider), "%s", v);
+        else if (!strcasecmp(k, "bind") && vn < sizeof(G.bind)) snprintf(G.bind, sizeof(G.bind), "%s", v);
+        else if (!strcasecmp(k, "arena_mb") && isnum && num > 0) G.arena_mb = num;
+        else if (!strcasecmp(k, "chunk_kb") && isnum && num > 0) G.chunk_kb = num;
+        else if (!strcasecmp(k, "timeout_ms") && isnum && num > 0) G.default_timeout_ms = (long long)num;
+        else if (!strcasecmp(k, "max_timeout_ms") && isnum && num > 0) G.max_timeout_ms = (long long)num;
+        else { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: bad module argument %s=%s", k, v); return -1; }
+    }
+    if (argc % 2) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: module arguments come in key value pairs"); return -1; }
+    return 0;
+}
+
+__attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMString **argv, int argc) {
+    if (rm_api_init(ctx, LMCV_MODULE_NAME, LMCV_MODULE_VERSION) != RM_OK) return RM_ERR;
+    if (parse_module_args(ctx, argv, argc)) return RM_ERR;
+    RMTypeMethods tm = {.version = RM_TYPE_METHOD_VERSION, .rdb_load = type_rdb_load, .rdb_save = type_rdb_save,
+                        .aof_rewrite = type_aof_rewrite, .mem_usage = type_mem_usage, .free = type_free};
+    RMType *type = RM_CreateDataType(ctx, LMCV_TYPE_NAME, LMCV_TYPE_ENCVER, &tm);
+    if (!type) return RM_ERR;
+    lmcv_arena *arena = lmcv_arena_create((size_t)G.arena_mb << 20);
+    if (!arena) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: cannot map %llu MiB arena", G.arena_mb); return RM_ERR; }
+    lmcv_fabric *fabric = NULL;
+    if (strcasecmp(G.provider, "none") != 0) {
+        char err[256];
+        fabric = lmcv_fabric_open(G.provider, G.bind, lmcv_arena_base(arena), lmcv_arena_size(arena),
+                                  (size_t)G.chunk_kb << 10, err, sizeof(err));
+        if (!fabric) {
+            RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: fabric unavailable: %s", err);
+            lmcv_arena_destroy(arena);
+            return RM_ERR;
+        }
+    }
+    if (RM_CreateCommand(ctx, LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, 0) != RM_OK ||
+        RM_CreateCommand(ctx, LMCV_CMD_SET, cmd_set, "write deny-oom", 1, 1, 1) != RM_OK ||
+        RM_CreateCommand(ctx, LMCV_CMD_GET, cmd_get, "readonly", 1, 1, 1) != RM_OK ||
+        RM_CreateCommand(ctx, LMCV_CMD_INFO, cmd_info, "readonly fast", 1, 1, 1) != RM_OK ||
+        RM_RegisterInfoFunc(ctx, info_func) != RM_OK ||
+        RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_CLIENT_CHANGE, 1}, on_client_change) != RM_OK) {
+        lmcv_fabric_close(fabric);
+        lmcv_arena_destroy(arena);
+        return RM_ERR;
+    }
+    /* Publish only when every step succeeded. */
+    G.type = type;
+    G.arena = arena;
+    G.fabric = fabric;
+    RM_Log(ctx, RM_LOG_NOTICE, "lmcvblob: provider=%s addr=%s arena=%llu MiB",
+           fabric ? lmcv_fabric_provider(fabric) : "none", fabric ? lmcv_fabric_name_hex(fabric) : "-", G.arena_mb);
+    return RM_OK;
+}

@@ -1,0 +1,108 @@
+/* Our own declarations of the slice of the Valkey/Redis module API this endpoint uses.
+ * No third-party header is vendored: every entry point is a function-pointer global that
+ * rm_api_init() resolves by name through the GetApi pointer the server hands us in the
+ * first word of the load context. Valkey 8/9 still export every API under its
+ * "RedisModule_" name, so one binary loads in Valkey 8.0, 9.1 and Redis 7.0
+ * (docs/fabric-module-api.md). Only module.c includes this file. */
+#ifndef LMCV_RM_API_H
+#define LMCV_RM_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RM_OK 0
+#define RM_ERR 1
+#define RM_APIVER_1 1
+#define RM_READ (1 << 0)
+#define RM_WRITE (1 << 1)
+#define RM_KEYTYPE_EMPTY 0
+#define RM_KEYTYPE_MODULE 6
+#define RM_TYPE_METHOD_VERSION 1
+#define RM_LOG_WARNING "warning"
+#define RM_LOG_NOTICE "notice"
+#define RM_EVENT_CLIENT_CHANGE 4
+#define RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED 1
+#define RM_POSTPONED_ARRAY_LEN (-1)
+
+typedef struct RMCtx RMCtx;
+typedef struct RMString RMString;
+typedef struct RMKey RMKey;
+typedef struct RMType RMType;
+typedef struct RMIO RMIO;
+typedef struct RMInfoCtx RMInfoCtx;
+typedef struct RMBlockedClient RMBlockedClient;
+typedef int (*RMCmdFunc)(RMCtx *ctx, RMString **argv, int argc);
+typedef void (*RMFreePrivFunc)(RMCtx *ctx, void *privdata);
+typedef void (*RMInfoFunc)(RMInfoCtx *ctx, int for_crash_report);
+
+/* Layout fixed by the server for TYPE_METHOD_VERSION 1. */
+typedef struct {
+    uint64_t version;
+    void *(*rdb_load)(RMIO *rdb, int encver);
+    void (*rdb_save)(RMIO *rdb, void *value);
+    void (*aof_rewrite)(RMIO *aof, RMString *key, void *value);
+    size_t (*mem_usage)(const void *value);
+    void (*digest)(void *md, void *value);
+    void (*free)(void *value);
+} RMTypeMethods;
+
+/* Passed by value to SubscribeToServerEvent. */
+typedef struct {
+    uint64_t id;
+    uint64_t dataver;
+} RMEvent;
+
+/* The leading fields of RedisModuleClientInfo (v1); we only read the id. */
+typedef struct {
+    uint64_t version;
+    uint64_t flags;
+    uint64_t id;
+} RMClientInfoHead;
+
+typedef void (*RMEventCallback)(RMCtx *ctx, RMEvent e, uint64_t sub, void *data);
+
+#define RM_API_LIST(X)                                                                          \
+    X(int, SetModuleAttribs, (RMCtx *, const char *, int, int))                                \
+    X(int, IsModuleNameBusy, (const char *))                                                   \
+    X(int, CreateCommand, (RMCtx *, const char *, RMCmdFunc, const char *, int, int, int))     \
+    X(int, WrongArity, (RMCtx *))                                                              \
+    X(int, ReplyWithError, (RMCtx *, const char *))                                            \
+    X(int, ReplyWithSimpleString, (RMCtx *, const char *))                                     \
+    X(int, ReplyWithLongLong, (RMCtx *, long long))                                            \
+    X(int, ReplyWithArray, (RMCtx *, long))                                                    \
+    X(int, ReplyWithStringBuffer, (RMCtx *, const char *, size_t))                             \
+    X(int, ReplyWithNull, (RMCtx *))                                                           \
+    X(const char *, StringPtrLen, (const RMString *, size_t *))                                \
+    X(void *, OpenKey, (RMCtx *, RMString *, int))                                             \
+    X(void, CloseKey, (RMKey *))                                                               \
+    X(int, KeyType, (RMKey *))                                                                 \
+    X(int, DeleteKey, (RMKey *))                                                               \
+    X(int, SetExpire, (RMKey *, long long))                                                    \
+    X(RMType *, CreateDataType, (RMCtx *, const char *, int, void *))                          \
+    X(int, ModuleTypeSetValue, (RMKey *, RMType *, void *))                                    \
+    X(RMType *, ModuleTypeGetType, (RMKey *))                                                  \
+    X(void *, ModuleTypeGetValue, (RMKey *))                                                   \
+    X(void, SaveStringBuffer, (RMIO *, const char *, size_t))                                  \
+    X(char *, LoadStringBuffer, (RMIO *, size_t *))                                            \
+    X(void, EmitAOF, (RMIO *, const char *, const char *, ...))                                \
+    X(void, Free, (void *))                                                                    \
+    X(RMBlockedClient *, BlockClient,                                                          \
+      (RMCtx *, RMCmdFunc, RMCmdFunc, RMFreePrivFunc, long long))                              \
+    X(int, UnblockClient, (RMBlockedClient *, void *))                                         \
+    X(void *, GetBlockedClientPrivateData, (RMCtx *))                                          \
+    X(unsigned long long, GetClientId, (RMCtx *))                                              \
+    X(int, SubscribeToServerEvent, (RMCtx *, RMEvent, RMEventCallback))                        \
+    X(int, RegisterInfoFunc, (RMCtx *, RMInfoFunc))                                            \
+    X(int, InfoAddSection, (RMInfoCtx *, const char *))                                        \
+    X(int, InfoAddFieldULongLong, (RMInfoCtx *, const char *, unsigned long long))             \
+    X(int, InfoAddFieldCString, (RMInfoCtx *, const char *, const char *))                     \
+    X(void, Log, (RMCtx *, const char *, const char *, ...))
+
+#define RM_DECLARE(ret, name, args) extern ret(*RM_##name) args;
+RM_API_LIST(RM_DECLARE)
+#undef RM_DECLARE
+
+/* Resolve every pointer above and register the module's name. RM_OK or RM_ERR. */
+int rm_api_init(RMCtx *ctx, const char *name, int ver);
+
+#endif
