@@ -27,7 +27,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-import google_crc32c
+import crc32c as _crc32c
 import msgpack
 
 from .errors import CorruptChunk
@@ -42,7 +42,8 @@ _KEY_STRING_MAX = 256
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
-    return google_crc32c.extend(value, data) if value else google_crc32c.value(data)
+    """CRC32C (Castagnoli), hardware-accelerated; reads writable buffers in place."""
+    return _crc32c.crc32c(data, value)
 
 
 @dataclass(frozen=True)
@@ -139,13 +140,15 @@ def check(
     """Check a value read into (header, payload). Raises :class:`CorruptChunk`.
 
     ``value_len`` is the stored value's full length as reported by the server;
-    ``payload`` is the destination that received the bytes after the header.
+    ``payload`` is the destination that received the bytes after the header. It
+    may be larger than the payload (a partial last chunk read into a full-chunk
+    buffer); only its first ``header.payload_len`` bytes are checked.
     """
     if header.namespace_digest != namespace_digest or header.key_digest != key_digest:
         raise CorruptChunk("foreign", "chunk belongs to another namespace or key")
     if value_len - HEADER_SIZE != header.payload_len:
         raise CorruptChunk("truncated", f"value holds {value_len - HEADER_SIZE} payload bytes, header says {header.payload_len}")
-    if header.payload_len != payload.nbytes:
+    if header.payload_len > payload.nbytes:
         raise CorruptChunk("oversized", f"payload of {header.payload_len} bytes for a {payload.nbytes}-byte buffer")
-    if verify_crc and crc32c(payload) != header.payload_crc:
+    if verify_crc and crc32c(payload[: header.payload_len]) != header.payload_crc:
         raise CorruptChunk("crc", "payload checksum mismatch")

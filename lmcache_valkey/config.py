@@ -77,6 +77,9 @@ class Settings:
     transport: str = "auto"  # auto | tcp | fabric
     fabric: FabricSettings = field(default_factory=FabricSettings)
     key_prefix: str = "lmcv"
+    # Anything else that changes the KV bytes but LMCache does not know about:
+    # a model revision, LoRA adapters, a tokenizer hash. Part of the namespace.
+    model_revision: str = ""
 
     @property
     def url_for_humans(self) -> str:
@@ -231,6 +234,7 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "max_chunk_bytes": ("max_chunk_bytes", _as_size),
     "transport": ("transport", lambda k, v: _as_choice(k, v, ("auto", "tcp", "fabric"))),
     "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, _as_str(k, v))),
+    "model_revision": ("model_revision", _as_str),
 }
 _TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
 _FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}

@@ -1,0 +1,4 @@
+"""Adapters between serving stacks and :mod:`lmcache_valkey.store`.
+
+Only this package imports ``lmcache``; nothing below it does.
+"""

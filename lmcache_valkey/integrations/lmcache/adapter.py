@@ -1,0 +1,57 @@
+"""The class LMCache loads from ``remote_storage_plugin.<name>.class_name``.
+
+LMCache dials ``plugin://<name>`` for each entry of ``remote_storage_plugins``;
+this adapter claims the names whose type (the part before the first ``.``) is
+``valkey``, ``lmcache_valkey`` or ``lmcv`` — or any listed, comma-separated, in
+``LMCACHE_VALKEY_PLUGIN_NAMES``. Built-in schemes (``valkey://``,
+``redis://``) stay LMCache's own.
+
+LMCache swallows connector-construction errors (every operation then becomes a
+miss), so every failure here is logged at ERROR with the setting to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from ...config import settings_from_extra_config
+from ...errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_SCHEME = "plugin://"
+DEFAULT_PLUGIN_TYPES = ("valkey", "lmcache_valkey", "lmcv")
+
+
+def _plugin_types() -> set[str]:
+    extra = os.environ.get("LMCACHE_VALKEY_PLUGIN_NAMES", "")
+    return set(DEFAULT_PLUGIN_TYPES) | {n.strip() for n in extra.split(",") if n.strip()}
+
+
+class ValkeyConnectorAdapter(ConnectorAdapter):
+    def __init__(self) -> None:
+        super().__init__(PLUGIN_SCHEME)
+
+    def can_parse(self, url: str) -> bool:
+        if not url.startswith(PLUGIN_SCHEME):
+            return False
+        name = url[len(PLUGIN_SCHEME) :]
+        return name.split(".", 1)[0] in _plugin_types()
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        from .connector import ValkeyRemoteConnector  # torch-heavy; only when used
+
+        name = context.plugin_name or context.url[len(PLUGIN_SCHEME) :]
+        config = context.config
+        try:
+            if config is None or context.metadata is None:
+                raise ConfigError("config", "an LMCache engine config and metadata")
+            settings = settings_from_extra_config(config.extra_config, name)
+            return ValkeyRemoteConnector(config, context.metadata, context.local_cpu_backend, settings)
+        except Exception as e:
+            log.error("lmcache-valkey plugin %r could not start, every lookup will miss: %s", name, e)
+            raise

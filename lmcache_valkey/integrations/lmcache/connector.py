@@ -1,0 +1,243 @@
+"""LMCache ``RemoteConnector`` over :class:`lmcache_valkey.store.ChunkStore`.
+
+Thin by design: it turns ``CacheEngineKey`` into a :class:`ChunkRef`, a
+``MemoryObj`` into (metadata, buffer), and runs store coroutines on the
+private I/O loop (see loop_thread.py for why).
+
+Reference counts (LMCache's contract, kept here and nowhere else):
+
+* get: we ``allocate`` the destination; on a miss, an error or a cancellation
+  we release it ourselves, after the transport can no longer write into it;
+  on a hit, the caller owns the one reference.
+* put: the caller's reference is never dropped here (InstrumentedRemoteConnector
+  does it when ``put`` returns). We take our own reference for the duration of
+  the I/O, so a cancelled ``put`` never frees a buffer a socket still reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from ... import metrics
+from ...codec import ChunkMeta
+from ...config import Settings
+from ...keys import Namespace, chunk_id, make_namespace
+from ...store import ChunkRef, ChunkStore, GetResult, open_store
+from .loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+
+
+def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector, settings: Settings) -> dict[str, Any]:
+    """Everything that shapes the bytes of a chunk; any difference means another namespace."""
+    return {
+        "model": metadata.model_name,
+        "revision": settings.model_revision,
+        "kv_dtype": str(metadata.kv_dtype),
+        "kv_shape": list(metadata.kv_shape),
+        "use_mla": bool(metadata.use_mla),
+        "shapes": [list(s) for s in conn.meta_shapes],
+        "dtypes": [str(d) for d in conn.meta_dtypes],
+        "fmt": int(conn.meta_fmt.value),
+        "world_size": metadata.world_size,
+        "worker_id": metadata.worker_id,
+        "chunk_size": metadata.chunk_size,
+        "serde": getattr(config, "remote_serde", None),
+    }
+
+
+class ValkeyRemoteConnector(RemoteConnector):
+    def __init__(self, config: Any, metadata: Any, local_cpu_backend: Any, settings: Settings) -> None:
+        super().__init__(config, metadata)
+        self.local_cpu_backend = local_cpu_backend
+        self.settings = settings
+        self.namespace: Namespace = make_namespace(
+            settings.key_prefix,
+            settings.tenant,
+            namespace_fields(config, metadata, self, settings),
+            settings.namespace,
+        )
+        self._io = LoopThread()
+        try:
+            self.store: ChunkStore = self._io.run_sync(
+                open_store(settings, self.namespace), timeout=settings.connect_timeout_s * 3 + 1
+            )
+        except BaseException:
+            self._io.stop()
+            raise
+        log.info(
+            "lmcache-valkey connected to %s (tenant %s, namespace %s, transport %s)",
+            settings.url_for_humans,
+            settings.tenant,
+            self.namespace.digest,
+            self.store.transport_name,
+        )
+
+    # ------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _ref(key: CacheEngineKey) -> ChunkRef:
+        s = key.to_string()
+        return ChunkRef(chunk_id(s), s)
+
+    def _allocate(self) -> Optional[MemoryObj]:
+        # busy_loop=False: never stall the I/O loop waiting for LMCache to evict.
+        obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt, busy_loop=False)
+        if obj is None:
+            metrics.record_miss("ram", "alloc")
+        return obj
+
+    def _finish(self, obj: MemoryObj, result: Optional[GetResult]) -> Optional[MemoryObj]:
+        """Turn a store result into what LMCache expects, releasing on a miss."""
+        if result is None:
+            obj.ref_count_down()
+            return None
+        if result.nbytes != self.full_chunk_size_bytes:
+            try:
+                obj = self.reshape_partial_chunk(obj, result.nbytes)
+            except ValueError as e:
+                log.warning("stored chunk has an unusable length: %s", e)
+                metrics.record_miss("ram", "truncated")
+                obj.ref_count_down()
+                return None
+        return obj
+
+    async def _get_many(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
+        """Runs on the I/O loop: allocate, read, verify; release every miss."""
+        objs: list[Optional[MemoryObj]] = [self._allocate() for _ in keys]
+        items = [(self._ref(k), o.byte_array) for k, o in zip(keys, objs) if o is not None]
+        try:
+            results = await self.store.get_many_into(items)
+        except BaseException:
+            # Cancelled or broken: the transport has already let go of the buffers.
+            for o in objs:
+                if o is not None:
+                    o.ref_count_down()
+            raise
+        it = iter(results)
+        return [None if o is None else self._finish(o, next(it)) for o in objs]
+
+    async def _put_many(self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]) -> list[bool]:
+        items = []
+        for k, o in zip(keys, objs):
+            s = k.to_string()
+            meta = ChunkMeta(
+                shapes=tuple(tuple(int(d) for d in shape) for shape in o.get_shapes()),
+                dtypes=tuple(str(d) for d in o.get_dtypes()),
+                fmt=int(o.meta.fmt.value),
+                key=s,
+            )
+            items.append((ChunkRef(chunk_id(s), s), meta, o.byte_array))
+        try:
+            return await self.store.put_many(items)
+        finally:
+            for o in objs:
+                o.ref_count_down()
+
+    # --------------------------------------------------------- RemoteConnector
+
+    async def exists(self, key: CacheEngineKey) -> bool:
+        return await self._io.run(self.store.exists(self._ref(key).chunk_id))
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            return self._io.run_sync(self.store.exists(self._ref(key).chunk_id), self.settings.lookup_timeout_s * 2)
+        except Exception as e:
+            log.warning("exists_sync failed: %s", e)
+            return False
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: List[CacheEngineKey]) -> int:
+        try:
+            return self._io.run_sync(
+                self.store.contains_prefix([self._ref(k).chunk_id for k in keys]), self.settings.lookup_timeout_s * 2
+            )
+        except Exception as e:
+            log.warning("batched_contains failed: %s", e)
+            return 0
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        return await self._io.run(self.store.contains_prefix([self._ref(k).chunk_id for k in keys]))
+
+    async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return (await self._io.run(self._get_many([key]), on_orphan=_release_all))[0]
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        return await self._io.run(self._get_many(keys), on_orphan=_release_all)
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: List[CacheEngineKey]) -> List[MemoryObj]:
+        objs = await self._io.run(self._get_many(keys), on_orphan=_release_all)
+        prefix: list[MemoryObj] = []
+        for i, o in enumerate(objs):
+            if o is None:
+                _release_all(objs[i + 1 :])
+                break
+            prefix.append(o)
+        return prefix
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
+        memory_obj.ref_count_up()  # ours, dropped by _put_many when the I/O is over
+        await self._io.run(self._put_many([key], [memory_obj]))
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]) -> None:
+        for o in memory_objs:
+            o.ref_count_up()
+        await self._io.run(self._put_many(keys, memory_objs))
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            return self._io.run_sync(self.store.delete([self._ref(key).chunk_id]), self.settings.op_timeout_s) > 0
+        except Exception as e:
+            log.warning("remove_sync failed: %s", e)
+            return False
+
+    async def list(self) -> List[str]:
+        """Chunk ids of this namespace (LMCache key strings are not recoverable without reading values)."""
+        return await self._io.run(self.store.list_ids())
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        return 0 if await self._io.run(self.store.ping()) else 1
+
+    async def close(self) -> None:
+        try:
+            await self._io.run(self.store.close())
+        finally:
+            self._io.stop()
+
+    def close_sync(self) -> None:
+        """For callers without a loop (tests, the demo)."""
+        try:
+            self._io.run_sync(self.store.close(), timeout=5.0)
+        finally:
+            self._io.stop()
+
+    def __repr__(self) -> str:
+        return f"<ValkeyRemoteConnector {self.settings.url_for_humans} ns={self.namespace.base}>"
+
+
+def _release_all(objs: Sequence[Optional[MemoryObj]]) -> None:
+    for o in objs:
+        if o is not None:
+            o.ref_count_down()

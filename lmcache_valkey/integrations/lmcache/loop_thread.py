@@ -1,0 +1,76 @@
+"""A private asyncio loop on its own thread, and the bridges LMCache needs into it.
+
+Why a private loop: LMCache calls some connector methods synchronously
+(``exists_sync``, ``batched_contains``, ``remove_sync``), sometimes from its own
+event-loop thread, where blocking on a coroutine of that same loop would
+deadlock. Running the store on our own loop makes every sync twin a plain
+cross-thread wait with a deadline.
+
+Cancellation: when LMCache cancels its future (``blocking_timeout_secs``), the
+cancellation is forwarded to our task, which aborts its connection and then
+releases what it allocated. A result that arrives after the caller has given
+up is handed to ``on_orphan`` so it can be released, never leaked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Callable, Coroutine, TypeVar
+
+from ...errors import DeadlineExceeded
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    def __init__(self, name: str = "lmcache-valkey-io") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on the private loop and wait for it, at most ``timeout`` seconds."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("run_sync called from the store's own loop thread")
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise DeadlineExceeded(f"no answer within {timeout:.3f} s") from None
+
+    async def run(
+        self, coro: Coroutine[Any, Any, T], on_orphan: Callable[[T], None] | None = None
+    ) -> T:
+        """Await ``coro`` (run on the private loop) from another event loop."""
+        fut = self.submit(coro)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()
+            if on_orphan is not None:
+                fut.add_done_callback(lambda f: _hand_orphan(f, on_orphan))
+            raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if not self.loop.is_closed() and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+        if not self._thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
+
+
+def _hand_orphan(fut: concurrent.futures.Future[Any], on_orphan: Callable[[Any], None]) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    on_orphan(fut.result())

@@ -1,0 +1,360 @@
+"""The transport-agnostic core: prefix lookup, get into a caller's buffer, put, delete.
+
+Integrations call only this module. It speaks chunk ids, LMCache key strings and
+buffers; it never imports ``lmcache`` (see docs/layers.md). Below it, a
+transport moves bytes (RESP over TCP, or libfabric RMA) and, optionally, a tier
+client brings chunks back from NVMe/S3 into Valkey RAM.
+
+Contract, for every operation:
+
+* a deadline bounds it (``Settings.op_timeout_s`` / ``lookup_timeout_s``); past
+  it a get or lookup is a miss and a put is a counted failure;
+* a miss is ``None`` (or a shorter prefix), never an exception; corrupt,
+  truncated, foreign or oversized values are counted misses and the bad copy is
+  deleted;
+* buffer ownership: the caller owns ``dest``; when ``get_into`` returns, raises
+  or is cancelled, the transport can no longer write into it (the transports
+  abort a connection that was cancelled mid-reply before the exception leaves
+  them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol, Sequence
+
+from . import codec, metrics
+from .codec import HEADER_SIZE, ChunkMeta
+from .config import Settings
+from .errors import CorruptChunk, DeadlineExceeded, TransportError
+from .keys import Namespace, key_digest
+
+log = logging.getLogger(__name__)
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ChunkTransport(Protocol):
+    """What the store needs from a transport (RespClient, FabricTransport)."""
+
+    async def get_many_into(
+        self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
+    ) -> list[int | None | TransportError]: ...
+
+    async def set_many(
+        self, items: Sequence[tuple[bytes, Sequence[Buffer]]], *, ttl_s: float | None, timeout: float
+    ) -> list[TransportError | None]: ...
+
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]: ...
+
+    async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int: ...
+
+    def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]: ...
+
+    async def ping(self, *, timeout: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class TierHints(Protocol):
+    """The worker-side view of the lower tiers (lmcache_valkey.tiering.client.TierClient)."""
+
+    async def promote(self, data_key: bytes, *, timeout: float) -> bool: ...
+
+    async def note_put(self, data_key: bytes, nbytes: int) -> None: ...
+
+    async def note_hit(self, data_key: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class GetResult:
+    """A verified hit: ``nbytes`` payload bytes now sit at the start of the caller's buffer."""
+
+    meta: ChunkMeta
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Names one chunk: ``chunk_id`` places it, ``key_string`` proves it is the right one."""
+
+    chunk_id: str
+    key_string: str
+
+
+class ChunkStore:
+    """Async chunk store over one transport; run it on one event loop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        namespace: Namespace,
+        transport: ChunkTransport,
+        *,
+        transport_name: str = "resp",
+        tiers: TierHints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.namespace = namespace
+        self.transport = transport
+        self.transport_name = transport_name
+        self.tiers = tiers
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lookup
+
+    async def contains_prefix(self, chunk_ids: Sequence[str]) -> int:
+        """How many chunks, from the first, exist in some tier. One round trip per node."""
+        if not chunk_ids:
+            return 0
+        started = time.perf_counter()
+        keys = [self.namespace.data_key(c) for c in chunk_ids]
+        if self.tiers is not None:
+            # Value and marker share a slot; one pipelined pass answers "any tier".
+            keys += [self.namespace.marker_key(c) for c in chunk_ids]
+        timeout = self.settings.lookup_timeout_s
+        try:
+            found = await asyncio.wait_for(self.transport.exists_many(keys, timeout=timeout), timeout)
+        except (TransportError, asyncio.TimeoutError) as e:
+            cause = _cause(e)
+            metrics.record_error("lookup", cause)
+            log.warning("prefix lookup of %d chunks failed (%s): treating as a miss", len(chunk_ids), e)
+            return 0
+        n = len(chunk_ids)
+        prefix = n
+        for i in range(n):
+            if not (found[i] or (self.tiers is not None and found[n + i])):
+                prefix = i
+                break
+        metrics.record_lookup(n, prefix, time.perf_counter() - started)
+        return prefix
+
+    async def exists(self, chunk_id: str) -> bool:
+        return await self.contains_prefix([chunk_id]) == 1
+
+    # --------------------------------------------------------------------- get
+
+    async def get_into(self, ref: ChunkRef, dest: memoryview) -> GetResult | None:
+        return (await self.get_many_into([(ref, dest)]))[0]
+
+    async def get_many_into(self, items: Sequence[tuple[ChunkRef, memoryview]]) -> list[GetResult | None]:
+        """Read each chunk's payload into its buffer. Verified hits or ``None``; never raises for a miss."""
+        if not items:
+            return []
+        started = time.perf_counter()
+        deadline = started + self.settings.op_timeout_s
+        results = await self._read_round(items, deadline)
+        if self.tiers is not None:
+            missing = [i for i, r in enumerate(results) if r is _ABSENT]
+            if missing:
+                promoted = await self._promote([items[i][0] for i in missing], deadline)
+                again = [i for i, ok in zip(missing, promoted) if ok]
+                if again:
+                    second = await self._read_round([items[i] for i in again], deadline, tier="ram")
+                    for i, r in zip(again, second):
+                        results[i] = r
+        out: list[GetResult | None] = []
+        nbytes = 0
+        for r in results:
+            if isinstance(r, GetResult):
+                out.append(r)
+                nbytes += r.nbytes
+            else:
+                if r is _ABSENT:
+                    metrics.record_miss("ram", "absent")
+                out.append(None)
+        metrics.observe_latency("get", "ram", self.transport_name, time.perf_counter() - started)
+        return out
+
+    async def _read_round(
+        self, items: Sequence[tuple[ChunkRef, memoryview]], deadline: float, tier: str = "ram"
+    ) -> list[GetResult | None | object]:
+        """One pass over the transport. Returns GetResult, None (counted miss) or _ABSENT."""
+        headers = [bytearray(HEADER_SIZE) for _ in items]
+        keys = [self.namespace.data_key(ref.chunk_id) for ref, _ in items]
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            for _ in items:
+                metrics.record_miss(tier, "deadline")
+            return [None] * len(items)
+        reqs = [(k, [memoryview(h), d]) for k, h, (_, d) in zip(keys, headers, items)]
+        try:
+            raw = await asyncio.wait_for(self.transport.get_many_into(reqs, timeout=remaining), remaining)
+        except (TransportError, asyncio.TimeoutError) as e:
+            cause = _cause(e)
+            log.warning("get of %d chunks failed (%s): misses", len(items), e)
+            for _ in items:
+                metrics.record_miss(tier, cause)
+            return [None] * len(items)
+        out: list[GetResult | None | object] = []
+        for key, header, (ref, dest), value_len in zip(keys, headers, items, raw):
+            if value_len is None:
+                out.append(_ABSENT)
+                continue
+            if isinstance(value_len, BaseException):
+                metrics.record_miss(tier, _cause(value_len))
+                out.append(None)
+                continue
+            try:
+                if value_len < HEADER_SIZE:
+                    raise CorruptChunk("truncated", f"value of {value_len} bytes")
+                h = codec.decode_header(header)
+                codec.check(h, value_len, dest, self.namespace.digest_bytes, key_digest(ref.key_string))
+            except CorruptChunk as e:
+                log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
+                metrics.record_miss(tier, e.reason)
+                self._spawn(self._delete_bad(key))
+                out.append(None)
+                continue
+            metrics.record_hit(tier, self.transport_name, h.payload_len)
+            if self.tiers is not None:
+                self._spawn(self.tiers.note_hit(key))
+            out.append(GetResult(h.meta, h.payload_len))
+        return out
+
+    async def _promote(self, refs: Sequence[ChunkRef], deadline: float) -> list[bool]:
+        assert self.tiers is not None
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return [False] * len(refs)
+        keys = [self.namespace.data_key(r.chunk_id) for r in refs]
+        got = await asyncio.gather(
+            *(asyncio.wait_for(self.tiers.promote(k, timeout=remaining), remaining) for k in keys),
+            return_exceptions=True,
+        )
+        return [g is True for g in got]
+
+    async def _delete_bad(self, key: bytes) -> None:
+        try:
+            await self.transport.delete([key], timeout=self.settings.op_timeout_s)
+        except TransportError as e:
+            log.warning("could not delete bad chunk %s: %s", key.decode(), e)
+
+    # --------------------------------------------------------------------- put
+
+    async def put(self, ref: ChunkRef, meta: ChunkMeta, payload: memoryview) -> bool:
+        return (await self.put_many([(ref, meta, payload)]))[0]
+
+    async def put_many(self, items: Sequence[tuple[ChunkRef, ChunkMeta, memoryview]]) -> list[bool]:
+        """Store chunks (header + payload, the payload sent from the caller's buffer). True = stored."""
+        if not items:
+            return []
+        started = time.perf_counter()
+        ok = [False] * len(items)
+        reqs: list[tuple[bytes, Sequence[Buffer]]] = []
+        slots: list[int] = []
+        for i, (ref, meta, payload) in enumerate(items):
+            if payload.nbytes > self.settings.max_chunk_bytes:
+                log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, payload.nbytes)
+                metrics.record_error("put", "oversized")
+                continue
+            header = codec.encode_header(meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string))
+            reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
+            slots.append(i)
+        if reqs:
+            timeout = self.settings.op_timeout_s
+            try:
+                errs = await asyncio.wait_for(
+                    self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout
+                )
+            except (TransportError, asyncio.TimeoutError) as e:
+                log.warning("put of %d chunks failed: %s", len(reqs), e)
+                errs = [e] * len(reqs)
+            for slot, (key, parts), err in zip(slots, reqs, errs):
+                nbytes = memoryview(parts[1]).nbytes
+                if err is None:
+                    ok[slot] = True
+                    if self.tiers is not None:
+                        self._spawn(self.tiers.note_put(key, nbytes))
+                else:
+                    metrics.record_error("put", _cause(err))
+                metrics.record_put("ram", self.transport_name, nbytes, err is None)
+        metrics.observe_latency("put", "ram", self.transport_name, time.perf_counter() - started)
+        return ok
+
+    # ------------------------------------------------------------ delete, list
+
+    async def delete(self, chunk_ids: Sequence[str]) -> int:
+        """Remove chunks from RAM (and their tier markers). Returns how many values were deleted."""
+        keys = [self.namespace.data_key(c) for c in chunk_ids]
+        n = await self.transport.delete(keys, timeout=self.settings.op_timeout_s)
+        if self.tiers is not None:
+            await self.transport.delete([self.namespace.marker_key(c) for c in chunk_ids], timeout=self.settings.op_timeout_s)
+        return n
+
+    async def list_ids(self, limit: int | None = None) -> list[str]:
+        out: list[str] = []
+        async for key in self.transport.scan_iter(self.namespace.data_pattern()):
+            out.append(self.namespace.chunk_id_of(key))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    async def ping(self) -> bool:
+        try:
+            await self.transport.ping(timeout=self.settings.lookup_timeout_s)
+            return True
+        except TransportError:
+            return False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for t in list(self._background):
+            t.cancel()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=1.0)
+        await self.transport.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+_ABSENT = object()  # the server said "no such key": a plain miss, maybe a lower-tier hit
+
+
+def _cause(e: BaseException) -> str:
+    if isinstance(e, (asyncio.TimeoutError, DeadlineExceeded)):
+        return "deadline"
+    return getattr(e, "cause", "error")
+
+
+async def open_store(settings: Settings, namespace: Namespace, *, tiers: TierHints | None = None) -> ChunkStore:
+    """Connect the transport that ``settings.transport`` asks for and wrap it in a store.
+
+    ``tcp``: RESP over TCP/TLS/Unix. ``fabric``: libfabric RMA through the
+    endpoint module, failing at start-up if it cannot be used. ``auto``: fabric
+    when the endpoint answers and the provider opens, else RESP.
+    """
+    from .transport.resp import RespClient
+
+    if settings.transport in ("fabric", "auto"):
+        try:
+            from .transport.fabric import open_fabric_transport
+        except ImportError as e:
+            if settings.transport == "fabric":
+                from .errors import FabricUnavailable
+
+                raise FabricUnavailable(f"the fabric transport is not available in this build: {e}") from e
+        else:
+            try:
+                fabric = await open_fabric_transport(settings)
+                return ChunkStore(settings, namespace, fabric, transport_name="fabric", tiers=tiers)
+            except Exception as e:
+                if settings.transport == "fabric":
+                    raise
+                log.info("transport auto: fabric unavailable (%s); using RESP over TCP", e)
+    client = RespClient(settings)
+    try:
+        await client.start()
+    except BaseException:
+        await client.close()
+        raise
+    return ChunkStore(settings, namespace, client, transport_name="resp", tiers=tiers)

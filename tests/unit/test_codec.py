@@ -1,0 +1,85 @@
+"""A chunk read back is either exactly what was stored under that key, or a counted miss."""
+
+import os
+
+import pytest
+
+from lmcache_valkey import codec
+from lmcache_valkey.codec import HEADER_SIZE, ChunkMeta
+from lmcache_valkey.errors import CorruptChunk
+from lmcache_valkey.keys import chunk_id, key_digest, make_namespace
+
+META = ChunkMeta(shapes=((2, 4, 256, 128),), dtypes=("torch.bfloat16",), fmt=1, key="vllm@m@1@0@abc@bfloat16")
+NS = make_namespace("lmcv", "t", {"model": "m"})
+KD = key_digest(META.key)
+
+
+def roundtrip(payload: bytes, buf_size: int | None = None):
+    header = codec.encode_header(META, payload, NS.digest_bytes, KD)
+    value = bytes(header) + payload
+    dest = bytearray(buf_size or len(payload))
+    h = codec.decode_header(value[:HEADER_SIZE])
+    n = min(len(value) - HEADER_SIZE, len(dest))
+    dest[:n] = value[HEADER_SIZE : HEADER_SIZE + n]
+    codec.check(h, len(value), memoryview(dest), NS.digest_bytes, KD)
+    return h, dest
+
+
+def test_roundtrip_keeps_metadata_and_bytes():
+    payload = os.urandom(4096)
+    h, dest = roundtrip(payload)
+    assert h.meta == META and bytes(dest) == payload and h.payload_len == 4096
+
+
+def test_partial_chunk_in_full_buffer_is_accepted():
+    payload = os.urandom(1000)
+    h, dest = roundtrip(payload, buf_size=4096)
+    assert bytes(dest[:1000]) == payload
+
+
+def test_flipped_payload_bit_is_a_crc_miss():
+    payload = bytearray(os.urandom(4096))
+    header = codec.encode_header(META, payload, NS.digest_bytes, KD)
+    payload[100] ^= 1
+    h = codec.decode_header(header)
+    with pytest.raises(CorruptChunk) as e:
+        codec.check(h, HEADER_SIZE + len(payload), memoryview(payload), NS.digest_bytes, KD)
+    assert e.value.reason == "crc"
+
+
+@pytest.mark.parametrize("offset", [0, 8, 30, 70])
+def test_damaged_header_is_never_accepted(offset):
+    header = codec.encode_header(META, b"x" * 10, NS.digest_bytes, KD)
+    header[offset] ^= 0xFF
+    with pytest.raises(CorruptChunk) as e:
+        codec.decode_header(header)
+    assert e.value.reason in {"crc", "foreign"}
+
+
+def test_truncated_value_and_foreign_key_and_namespace():
+    payload = os.urandom(2048)
+    header = codec.encode_header(META, payload, NS.digest_bytes, KD)
+    h = codec.decode_header(header)
+    with pytest.raises(CorruptChunk, match="truncated"):
+        codec.check(h, HEADER_SIZE + 1000, memoryview(bytearray(2048)), NS.digest_bytes, KD)
+    with pytest.raises(CorruptChunk, match="foreign"):
+        codec.check(h, HEADER_SIZE + 2048, memoryview(payload), NS.digest_bytes, key_digest("other"))
+    other_ns = make_namespace("lmcv", "t", {"model": "other"})
+    with pytest.raises(CorruptChunk, match="foreign"):
+        codec.check(h, HEADER_SIZE + 2048, memoryview(payload), other_ns.digest_bytes, KD)
+    with pytest.raises(CorruptChunk, match="oversized"):
+        codec.check(h, HEADER_SIZE + 2048, memoryview(bytearray(100)), NS.digest_bytes, KD)
+    with pytest.raises(CorruptChunk, match="truncated"):
+        codec.decode_header(bytes(header[:100]))
+    with pytest.raises(CorruptChunk, match="foreign"):
+        codec.decode_header(b"GARBAGE!" * 64)
+
+
+def test_namespaces_differ_by_every_field_and_tenant():
+    base = {"model": "m", "kv_dtype": "bf16", "chunk_size": 256, "world_size": 1}
+    a = make_namespace("lmcv", "t", base)
+    for k, v in [("model", "m2"), ("kv_dtype", "fp16"), ("chunk_size", 128), ("world_size", 2)]:
+        assert make_namespace("lmcv", "t", {**base, k: v}).digest != a.digest
+    b = make_namespace("lmcv", "u", base)
+    assert b.digest == a.digest and b.data_key("x") != a.data_key("x")
+    assert a.data_key(chunk_id("k")).startswith(b"lmcv:t:") and a.tenant_pattern == "~lmcv:t:*"

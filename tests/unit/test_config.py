@@ -1,0 +1,77 @@
+"""A user's settings are checked once, at start-up, with errors that name the key."""
+
+import pytest
+
+from lmcache_valkey.config import settings_from_extra_config, settings_from_mapping, settings_from_url
+from lmcache_valkey.errors import ConfigError
+
+P = "remote_storage_plugin.valkey."
+
+
+def test_extra_config_keys_become_typed_settings(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    s = settings_from_extra_config(
+        {
+            P + "module_path": "lmcache_valkey.integrations.lmcache.adapter",
+            P + "class_name": "ValkeyConnectorAdapter",
+            P + "url": "valkey://10.0.0.1:7000,10.0.0.2:7001/0",
+            P + "username": "tenant-a",
+            P + "password_file": str(pw),
+            P + "tenant": "tenant-a",
+            P + "op_timeout_s": "2.5",
+            P + "lookup_timeout_s": 0.25,
+            P + "connections_per_node": 8,
+            P + "ttl_s": 3600,
+            P + "max_chunk_bytes": "64MiB",
+            P + "transport": "TCP",
+            "some_other_plugin.key": "ignored",
+        },
+        "valkey",
+    )
+    assert [n.name for n in s.nodes] == ["10.0.0.1:7000", "10.0.0.2:7001"]
+    assert (s.username, s.password, s.tenant) == ("tenant-a", "s3cret", "tenant-a")
+    assert (s.op_timeout_s, s.lookup_timeout_s, s.connections_per_node) == (2.5, 0.25, 8)
+    assert s.ttl_s == 3600 and s.max_chunk_bytes == 64 << 20 and s.transport == "tcp"
+    assert "s3cret" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    "key,value,named",
+    [
+        ("url", "http://x:1", "url"),
+        ("url", "valkey://host:99999", "url"),
+        ("op_timeout_s", "soon", "op_timeout_s"),
+        ("op_timeout_s", -1, "op_timeout_s"),
+        ("connections_per_node", 0, "connections_per_node"),
+        ("transport", "carrier-pigeon", "transport"),
+        ("tenant", "a:b", "tenant"),
+        ("max_chunk_bytes", "lots", "max_chunk_bytes"),
+        ("tls_ca_file", "/nonexistent/ca.pem", "tls_ca_file"),
+        ("conections_per_node", 4, "conections_per_node"),
+    ],
+)
+def test_malformed_setting_fails_naming_the_key(key, value, named):
+    with pytest.raises(ConfigError) as e:
+        settings_from_extra_config({P + key: value}, "valkey")
+    assert e.value.key == P + named
+    assert P + named in str(e.value)
+
+
+def test_lookup_deadline_cannot_exceed_op_deadline():
+    with pytest.raises(ConfigError, match="lookup_timeout_s"):
+        settings_from_mapping({"op_timeout_s": 1, "lookup_timeout_s": 2})
+
+
+def test_tls_url_and_unix_socket_and_env_secrets(tmp_path):
+    s = settings_from_url("valkeys://cache.example:6380", env={"LMCACHE_VALKEY_PASSWORD": "envpw"})
+    assert s.tls is not None and s.tls.verify and s.password == "envpw"
+    u = settings_from_url("unix:///run/valkey.sock?tenant=t1")
+    assert u.nodes[0].path == "/run/valkey.sock" and u.tenant == "t1" and u.tls is None
+    with pytest.raises(ConfigError, match="url\\?bogus"):
+        settings_from_url("valkey://h:1?bogus=1")
+
+
+def test_url_credentials_are_used_when_no_explicit_ones():
+    s = settings_from_url("valkey://alice:p%40ss@h:6379", env={})
+    assert (s.username, s.password) == ("alice", "p@ss")
