@@ -1,0 +1,72 @@
+"""Imports run one way, and each third-party library stays in its one module (docs/layers.md)."""
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[2] / "lmcache_valkey"
+
+# third-party top-level module -> the only places allowed to import it
+FENCES = {
+    "lmcache": ("integrations/lmcache/",),
+    "torch": ("integrations/lmcache/", "demo.py"),
+    "transformers": ("demo.py",),
+    "prometheus_client": ("metrics.py",),
+    "cffi": ("transport/fabric/",),
+    "aiobotocore": ("tiering/object_store.py",),
+    "botocore": ("tiering/object_store.py",),
+    "crc32c": ("codec.py",),
+}
+# lmcache_valkey subpackage -> subpackages it must never import
+FORBIDDEN = {
+    "store.py": ("integrations",),
+    "transport/": ("integrations", "store", "tiering"),
+    "tiering/": ("integrations", "store", "transport.fabric"),
+    "codec.py": ("integrations", "store", "transport", "tiering"),
+    "keys.py": ("integrations", "store", "transport", "tiering"),
+    "config.py": ("integrations", "store", "transport", "tiering"),
+}
+
+
+def imports_of(path: pathlib.Path):
+    tree = ast.parse(path.read_text())
+    pkg_parts = path.relative_to(PKG.parent).with_suffix("").parts[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level + 1]
+                yield ".".join(base + ((node.module,) if node.module else ()))
+            elif node.module:
+                yield node.module
+
+
+def modules():
+    for p in sorted(PKG.rglob("*.py")):
+        yield p.relative_to(PKG).as_posix(), p
+
+
+def test_third_party_libraries_are_fenced():
+    bad = []
+    for rel, p in modules():
+        for name in imports_of(p):
+            top = name.split(".")[0]
+            if top in FENCES and not rel.startswith(FENCES[top]):
+                bad.append(f"{rel} imports {name}")
+    assert not bad, bad
+
+
+def test_imports_run_one_way():
+    bad = []
+    for rel, p in modules():
+        for prefix, banned in FORBIDDEN.items():
+            if not rel.startswith(prefix):
+                continue
+            for name in imports_of(p):
+                if not name.startswith("lmcache_valkey."):
+                    continue
+                inner = name[len("lmcache_valkey."):]
+                if any(inner == b or inner.startswith(b + ".") for b in banned):
+                    bad.append(f"{rel} imports {name}")
+    assert not bad, bad
