@@ -62,7 +62,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     # requirement is already satisfied by the CPU build.
     TORCH_PIN="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
     .venv/bin/pip install -q "$TORCH_PIN"
-    .venv/bin/pip install -q -e ".[lmcache,server,s3,demo,test]"
+    .venv/bin/pip install -q -e ".[lmcache,server,s3,demo,test,bench]"
     echo "$WANT" > "$STAMP"
 fi
 

@@ -1,0 +1,225 @@
+"""``lmcache-valkey doctor``: check a deployment from a worker's point of view.
+
+Each check says OK, WARN or FAIL with a diagnosis a person can act on. Checks
+that depend on a failed one are skipped. Exit code: 0 all OK (warnings allowed),
+1 a check failed, 2 the settings themselves are wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Awaitable, Callable
+
+from .config import Settings
+from .errors import AuthError, ConnectionLost, DeadlineExceeded, LmcacheValkeyError, ServerError
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+class Doctor:
+    def __init__(self, settings: Settings, *, s3_bucket: str | None = None, s3_endpoint_url: str | None = None,
+                 s3_prefix: str = "", fabric_provider: str | None = None) -> None:
+        self.settings = settings
+        self.s3_bucket = s3_bucket
+        self.s3_endpoint_url = s3_endpoint_url
+        self.s3_prefix = s3_prefix
+        self.fabric_provider = fabric_provider
+        self.checks: list[Check] = []
+        self._client: Any = None
+
+    def add(self, name: str, status: str, detail: str, fix: str = "") -> None:
+        self.checks.append(Check(name, status, detail, fix))
+
+    async def run(self) -> list[Check]:
+        connected = await self._connect()
+        if connected:
+            for step in (self._server, self._memory, self._acl, self._modules):
+                await self._guard(step)
+        else:
+            for name in ("server", "memory", "acl", "modules"):
+                self.add(name, SKIP, "not reachable")
+        await self._guard(self._fabric)
+        if self.s3_bucket:
+            await self._guard(self._s3)
+        if self._client is not None:
+            await self._client.close()
+        return self.checks
+
+    async def _guard(self, step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except Exception as e:  # a check must never crash the doctor
+            self.add(step.__name__.strip("_"), FAIL, f"unexpected error: {e!r}")
+
+    async def _connect(self) -> bool:
+        from .transport.resp import RespClient
+
+        s = self.settings
+        where = s.url_for_humans
+        client = RespClient(s)
+        try:
+            await client.start()
+        except AuthError as e:
+            await client.close()
+            who = f"user {s.username!r}" if s.username else "the default user"
+            self.add("auth", FAIL, f"{where} refused {who}: {e}",
+                     "check username/password (or password_file / LMCACHE_VALKEY_PASSWORD) and the server's ACL users")
+            return False
+        except (ConnectionLost, DeadlineExceeded, OSError) as e:
+            await client.close()
+            cause = e.__cause__ or e
+            if isinstance(cause, ssl.SSLError) or "SSL" in str(e) or "certificate" in str(e).lower():
+                self.add("tls", FAIL, f"TLS handshake with {where} failed: {e}",
+                         "check tls_ca_file (the CA that signed the server certificate), tls_server_name, and that the port speaks TLS")
+            else:
+                self.add("connect", FAIL, f"cannot reach {where}: {e}",
+                         "is Valkey running and listening there? check the Service name/port, NetworkPolicy and firewalls")
+            return False
+        self._client = client
+        self.add("connect", OK, f"connected to {where}" + (" over TLS" if s.tls else ""))
+        if s.tls:
+            self.add("tls", OK, "TLS handshake verified" if s.tls.verify else "TLS without certificate verification (tls_verify: false)")
+        return True
+
+    async def _info(self, section: str) -> dict[str, str]:
+        raw = await self._client.command("INFO", section, timeout=self.settings.op_timeout_s)
+        text = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
+        out = {}
+        for line in text.splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+    async def _server(self) -> None:
+        info = await self._info("server")
+        version = info.get("valkey_version") or info.get("redis_version", "?")
+        product = "Valkey" if "valkey_version" in info else "Redis"
+        mode = "cluster" if getattr(self._client, "is_cluster", False) else info.get("redis_mode", "standalone")
+        self.add("server", OK, f"{product} {version} ({mode})")
+
+    async def _memory(self) -> None:
+        info = await self._info("memory")
+        maxmem = int(info.get("maxmemory", "0") or 0)
+        policy = info.get("maxmemory_policy", "?")
+        used = int(info.get("used_memory", "0") or 0)
+        if maxmem == 0:
+            self.add("memory", WARN, f"no maxmemory set (using {used >> 20} MiB)",
+                     "set maxmemory below the pod/host memory limit, or Valkey will be OOM-killed as the cache grows")
+        elif policy == "noeviction":
+            self.add("memory", WARN, f"maxmemory {maxmem >> 20} MiB with policy noeviction: puts fail once full",
+                     "use allkeys-lru (or volatile-lru with ttl_s) so old chunks make room for new ones")
+        else:
+            self.add("memory", OK, f"{used >> 20}/{maxmem >> 20} MiB used, policy {policy}")
+
+    async def _acl(self) -> None:
+        s = self.settings
+        probe = f"{s.key_prefix}:{s.tenant}:doctor:probe".encode()
+        t = s.op_timeout_s
+        try:
+            await self._client.command("SET", probe, b"1", "PX", 10000, key=probe, timeout=t)
+            await self._client.command("GET", probe, key=probe, timeout=t)
+            await self._client.command("DEL", probe, key=probe, timeout=t)
+        except AuthError as e:
+            self.add("acl", FAIL, f"the ACL user cannot read/write its tenant's keys ({e})",
+                     f"grant it: ACL SETUSER {s.username or 'default'} on ~{s.key_prefix}:{s.tenant}:* +@read +@write +@keyspace +exists +scan +ping +info")
+            return
+        except ServerError as e:
+            self.add("acl", FAIL, f"writing a probe key failed: {e}", "see the server's error above (OOM? read-only replica?)")
+            return
+        self.add("acl", OK, f"read/write allowed on {s.key_prefix}:{s.tenant}:*")
+
+    async def _modules(self) -> None:
+        from .transport.fabric.commands import HELLO  # the dialect's names live there, pure Python
+
+        t = self.settings.op_timeout_s
+        wants = self.settings.transport in ("fabric", "auto")
+        mods = await self._client.command("MODULE", "LIST", timeout=t)
+        names = sorted(_module_names(mods))
+        info = await self._client.command("COMMAND", "INFO", HELLO, timeout=t)
+        loaded = bool(info) and info[0] is not None
+        if loaded:
+            self.add("modules", OK, f"fabric endpoint answers {HELLO} (modules: {', '.join(names)})")
+        elif wants:
+            status = FAIL if self.settings.transport == "fabric" else WARN
+            self.add("modules", status, f"no fabric endpoint module loaded (modules: {', '.join(names) or 'none'})",
+                     "load endpoint/build/lmcv_blob.so (loadmodule in valkey.conf, or the chart's module.enabled) or set transport: tcp")
+        else:
+            self.add("modules", OK, f"transport tcp; modules: {', '.join(names) or 'none'}")
+
+    async def _fabric(self) -> None:
+        if self.settings.transport == "tcp":
+            self.add("fabric", SKIP, "transport is tcp")
+            return
+        try:
+            from .transport.fabric import available_providers
+        except Exception as e:
+            status = FAIL if self.settings.transport == "fabric" else WARN
+            self.add("fabric", status, f"libfabric is not usable here: {e}",
+                     "install libfabric (Debian: apt-get install libfabric-dev libfabric-bin; AWS: the EFA installer) or set transport: tcp")
+            return
+        provs = available_providers()
+        want = self.fabric_provider or self.settings.fabric.provider
+        if want and want not in provs:
+            self.add("fabric", FAIL, f"provider {want!r} not offered here (have: {', '.join(provs) or 'none'})",
+                     "choose one of those in fabric_provider, or fix the driver (EFA: check the device plugin / vpc.amazonaws.com/efa resource)")
+        else:
+            self.add("fabric", OK, f"libfabric providers: {', '.join(provs)}")
+
+    async def _s3(self) -> None:
+        from .tiering.object_store import probe_bucket
+
+        try:
+            detail = await probe_bucket(self.s3_bucket, endpoint_url=self.s3_endpoint_url, prefix=self.s3_prefix)
+        except LmcacheValkeyError as e:
+            self.add("s3", FAIL, f"bucket {self.s3_bucket!r}: {e}",
+                     "check the endpoint URL, credentials (AWS_* env, IRSA role) and that the bucket exists")
+            return
+        self.add("s3", OK, detail)
+
+
+def render(checks: list[Check], as_json: bool) -> str:
+    if as_json:
+        return json.dumps([asdict(c) for c in checks], indent=2)
+    marks = {OK: "OK  ", WARN: "WARN", FAIL: "FAIL", SKIP: "skip"}
+    lines = []
+    for c in checks:
+        lines.append(f"[{marks[c.status]}] {c.name:<8} {c.detail}")
+        if c.fix and c.status in (WARN, FAIL):
+            lines.append(f"           -> {c.fix}")
+    return "\n".join(lines)
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def run_doctor(settings: Settings, *, as_json: bool = False, out: Any = None, **kw: Any) -> int:
+    checks = asyncio.run(Doctor(settings, **kw).run())
+    print(render(checks, as_json), file=out or sys.stdout)
+    return exit_code(checks)
+
+
+def _module_names(reply: Any) -> list[str]:
+    names = []
+    for entry in reply or []:
+        # each entry is a flat [b"name", b"lmcvblob", b"ver", 1, ...] list
+        for k, v in zip(entry[::2], entry[1::2]):
+            if k in (b"name", "name"):
+                names.append(v.decode() if isinstance(v, bytes) else str(v))
+    return names
+
+
+__all__ = ["Doctor", "Check", "run_doctor", "render", "exit_code"]
