@@ -1,0 +1,1 @@
+"""Transports: RESP over TCP/TLS/Unix sockets, and libfabric RMA."""

@@ -1,0 +1,382 @@
+"""RespClient: the RESP transport the store uses (standalone Valkey or Valkey Cluster).
+
+Every operation takes a deadline (``timeout``, seconds) covering the whole call
+or batch, including connecting, waiting for a free connection and following
+cluster redirections. Past it a single operation raises
+:class:`~lmcache_valkey.errors.DeadlineExceeded`; a batch returns
+``DeadlineExceeded`` in the slots that did not finish. Batch results carry
+per-item errors as values (``TransportError`` instances), so one bad key does
+not fail the others. Buffer ownership: see :mod:`.connection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Sequence
+
+from ...config import Node, Settings
+from ...errors import (
+    AuthError,
+    ConnectionLost,
+    DeadlineExceeded,
+    ProtocolError,
+    ServerError,
+    TransportError,
+)
+from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
+from .connection import SMALL_JOIN, make_ssl_context
+from .parser import as_byte_view, encode_command
+from .pool import PENDING, NodePool, Op, run_ops
+
+__all__ = ["RespClient"]
+
+log = logging.getLogger(__name__)
+
+MAX_REDIRECTS = 5
+TRYAGAIN_SLEEP_S = 0.02
+
+
+def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> list[Any]:
+    views = [p if isinstance(p, bytes) else as_byte_view(p) for p in parts]
+    total = sum(len(v) for v in views)
+    if ttl_s:
+        ms = b"%d" % max(1, int(ttl_s * 1000))
+        trailer = b"\r\n$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
+        n = 5
+    else:
+        trailer = b"\r\n"
+        n = 3
+    header = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(key), key, total)
+    if total < SMALL_JOIN:
+        return [b"".join([header, *views, trailer])]
+    return [header, *(v for v in views if len(v)), trailer]
+
+
+def _sink(bufs: Sequence[Any]) -> list[memoryview]:
+    return [as_byte_view(b, writable=True) for b in bufs]
+
+
+class RespClient:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._ssl = make_ssl_context(settings.tls) if settings.tls is not None else None
+        self._pools: dict[Node, NodePool] = {}
+        self._cluster = False
+        self._map = SlotMap()
+        self._primary: Node = settings.nodes[0]
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    @property
+    def is_cluster(self) -> bool:
+        return self._cluster
+
+    def _pool(self, node: Node) -> NodePool:
+        p = self._pools.get(node)
+        if p is None:
+            if self._closed:
+                raise ConnectionLost("client is closed")
+            p = self._pools[node] = NodePool(node, self.settings, self._ssl)
+        return p
+
+    async def start(self) -> None:
+        """Connect to the first reachable seed, detect cluster mode, open the pools."""
+        if self._started:
+            return
+        s = self.settings
+        errors: list[str] = []
+        for node in s.nodes:
+            pool = self._pool(node)
+            try:
+                conn = await pool.acquire()
+            except AuthError:
+                raise
+            except TransportError as e:
+                errors.append(str(e))
+                continue
+            try:
+                async with asyncio.timeout(s.connect_timeout_s):
+                    if s.cluster == "yes":
+                        self._cluster = True
+                    elif s.cluster == "auto" and not node.path:
+                        try:
+                            self._cluster = cluster_enabled(await conn.call("INFO", "cluster"))
+                        except ServerError as e:
+                            if isinstance(e, AuthError) and e.prefix != "NOPERM":
+                                raise
+                            log.warning("INFO cluster refused on %s (%s); assuming standalone", node.name, e)
+                    if self._cluster:
+                        reply = await conn.call("CLUSTER", "SLOTS")
+                        self._map.load(parse_cluster_slots(reply, node.host))
+                        if not self._map.primaries:
+                            raise ServerError(f"cluster at {node.name} has no slots assigned")
+            except TimeoutError:
+                raise DeadlineExceeded(f"{node.name} did not answer within {s.connect_timeout_s:g}s") from None
+            finally:
+                pool.release(conn)
+            self._primary = node
+            break
+        else:
+            raise ConnectionLost("cannot reach any Valkey node: " + "; ".join(errors))
+        primaries = self._map.primaries if self._cluster else [self._primary]
+        results = await asyncio.gather(*(self._pool(n).fill() for n in primaries), return_exceptions=True)
+        for n, r in zip(primaries, results):
+            if isinstance(r, AuthError):
+                raise r
+            if isinstance(r, BaseException):
+                log.warning("could not open all connections to %s: %s", n.name, r)
+        self._started = True
+
+    async def close(self) -> None:
+        """Drop every connection now; in-flight operations fail with ConnectionLost. Idempotent."""
+        self._closed = True
+        t, self._refresh_task = self._refresh_task, None
+        if t is not None and not t.done():
+            t.cancel()
+        pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            await p.close()
+
+    # --- routing -----------------------------------------------------------------
+
+    def _route(self, key: bytes | None) -> Node:
+        if not self._cluster:
+            return self._primary
+        if key is None:
+            return self._map.primaries[0] if self._map.primaries else self._primary
+        return self._map.node_for(key_slot(key)) or (self._map.primaries or [self._primary])[0]
+
+    def _schedule_refresh(self) -> None:
+        if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
+            return
+        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        """Reload the slot map from the first primary (or seed) that answers."""
+        candidates = list(dict.fromkeys([*self._map.primaries, *self.settings.nodes]))
+        for node in candidates:
+            try:
+                reply = await self._node_call(node, ("CLUSTER", "SLOTS"), self.settings.op_timeout_s)
+                ranges = parse_cluster_slots(reply, node.host)
+            except TransportError as e:
+                log.debug("topology refresh via %s failed: %s", node.name, e)
+                continue
+            if ranges:
+                self._map.load(ranges)
+                return
+
+    async def refresh_topology(self) -> None:
+        """Reload the slot map now (cluster only)."""
+        if self._cluster:
+            await self._refresh()
+
+    # --- the batch engine -----------------------------------------------------------
+
+    async def _run(self, ops: list[Op], *, large: bool, timeout: float) -> list[Any]:
+        """Route, run, follow MOVED/ASK; results hold values or exception objects."""
+        if self._closed:
+            err = ConnectionLost("client is closed")
+            return [err] * len(ops)
+        results: list[Any] = [PENDING] * len(ops)
+        try:
+            async with asyncio.timeout(timeout):
+                todo = ops
+                for attempt in range(MAX_REDIRECTS + 1):
+                    groups: dict[Node, list[Op]] = {}
+                    for op in todo:
+                        if op.node is None:
+                            op.node = self._route(op.key)
+                        groups.setdefault(op.node, []).append(op)
+                    await run_ops(groups, self._pool, results, large=large)
+                    if not self._cluster:
+                        break
+                    redo: list[Op] = []
+                    moved = tryagain = False
+                    for op in todo:
+                        r = results[op.index]
+                        if not isinstance(r, TransportError):
+                            op.asking = False
+                            continue
+                        if isinstance(r, ConnectionLost):
+                            moved = True  # a node may have failed over
+                            continue
+                        red = parse_redirect(r)
+                        if red is not None and attempt < MAX_REDIRECTS:
+                            kind, slot, node = red
+                            op.node, op.asking = node, kind == "ASK"
+                            if kind == "MOVED":
+                                self._map.set(slot, node)
+                                moved = True
+                            results[op.index] = PENDING
+                            redo.append(op)
+                        elif isinstance(r, ServerError) and r.prefix == "TRYAGAIN" and attempt < MAX_REDIRECTS:
+                            op.asking = False
+                            op.node = None
+                            results[op.index] = PENDING
+                            redo.append(op)
+                            tryagain = True
+                    if moved:
+                        self._schedule_refresh()
+                    if not redo:
+                        break
+                    if tryagain:
+                        await asyncio.sleep(TRYAGAIN_SLEEP_S)
+                    todo = redo
+        except TimeoutError:
+            pass
+        for i, r in enumerate(results):
+            if r is PENDING:
+                results[i] = DeadlineExceeded(f"deadline of {timeout:g}s passed")
+        return results
+
+    async def _node_call(self, node: Node, args: Sequence[Any], timeout: float) -> Any:
+        op = Op(0, (encode_command(args),), None)
+        op.node = node
+        (r,) = await self._run([op], large=False, timeout=timeout)
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    # --- data path ---------------------------------------------------------------
+
+    async def get_into(self, key: bytes, bufs: Sequence[memoryview], *, timeout: float) -> int | None:
+        """GET ``key`` into ``bufs`` (in order); returns the value's true length, or None if absent.
+
+        Bytes beyond the buffers' total capacity are dropped; a shorter value
+        fills only the start. Raises TransportError (incl. DeadlineExceeded).
+        """
+        (r,) = await self._run([Op(0, (encode_command((b"GET", key)),), _sink(bufs), key)], large=True, timeout=timeout)
+        return self._get_result(r, raise_=True)
+
+    @staticmethod
+    def _get_result(r: Any, raise_: bool = False) -> Any:
+        if r is None or type(r) is int:
+            return r
+        if not isinstance(r, BaseException):
+            r = ProtocolError(f"unexpected GET reply {r!r}")
+        if raise_:
+            raise r
+        return r
+
+    async def get_many_into(
+        self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
+    ) -> list[int | None | TransportError]:
+        ops = [Op(i, (encode_command((b"GET", k)),), _sink(bufs), k) for i, (k, bufs) in enumerate(items)]
+        return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
+
+    async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
+        """GETRANGE into ``buf`` (for reading a header); bytes read, None if the key is absent or shorter than ``start``."""
+        mv = as_byte_view(buf, writable=True)
+        if not len(mv):
+            return None
+        args = (b"GETRANGE", key, start, start + len(mv) - 1)
+        (r,) = await self._run([Op(0, (encode_command(args),), [mv], key)], large=False, timeout=timeout)
+        n = self._get_result(r, raise_=True)
+        return n or None
+
+    @staticmethod
+    def _set_result(r: Any) -> TransportError | None:
+        if isinstance(r, TransportError):
+            return r
+        if r == b"OK":
+            return None
+        return ProtocolError(f"unexpected SET reply {r!r}")
+
+    async def set(
+        self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
+    ) -> None:
+        """SET ``key`` to the concatenation of ``parts`` (sent as separate buffers, never joined)."""
+        (r,) = await self._run([Op(0, _set_parts(key, parts, ttl_s), None, key)], large=True, timeout=timeout)
+        err = self._set_result(r)
+        if err is not None:
+            raise err
+
+    async def set_many(
+        self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
+    ) -> list[TransportError | None]:
+        ops = [Op(i, _set_parts(k, parts, ttl_s), None, k) for i, (k, parts) in enumerate(items)]
+        return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
+
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+        """Which keys exist. One pipelined round trip per node; raises the first error, if any."""
+        ops = [Op(i, (encode_command((b"EXISTS", k)),), None, k) for i, k in enumerate(keys)]
+        out: list[bool] = []
+        for r in await self._run(ops, large=False, timeout=timeout):
+            if isinstance(r, BaseException):
+                raise r
+            out.append(bool(r))
+        return out
+
+    async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
+        """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""
+        if not keys:
+            return 0
+        if self._cluster:
+            by_slot: dict[int, list[bytes]] = {}
+            for k in keys:
+                by_slot.setdefault(key_slot(k), []).append(k)
+            groups = list(by_slot.values())
+        else:
+            groups = [list(keys)]
+        ops = [Op(i, (encode_command((b"UNLINK", *g)),), None, g[0]) for i, g in enumerate(groups)]
+        total = 0
+        for r in await self._run(ops, large=False, timeout=timeout):
+            if isinstance(r, BaseException):
+                raise r
+            total += int(r)
+        return total
+
+    # --- control --------------------------------------------------------------------
+
+    async def command(self, *args: bytes | str | int | float, key: bytes | None = None, timeout: float) -> Any:
+        """Run one control command on the node that owns ``key`` (any node if None)."""
+        (r,) = await self._run([Op(0, (encode_command(args),), None, key)], large=False, timeout=timeout)
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def primaries(self) -> list[Node]:
+        return list(self._map.primaries) if self._cluster else [self._primary]
+
+    async def command_all_primaries(self, *args: bytes | str | int | float, timeout: float) -> list[Any]:
+        """Run a command on every primary in parallel; raises the first error."""
+        data = encode_command(args)
+        ops = []
+        for i, node in enumerate(self.primaries()):
+            op = Op(i, (data,), None)
+            op.node = node
+            ops.append(op)
+        results = await self._run(ops, large=False, timeout=timeout)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
+        """SCAN every primary for keys matching ``match``."""
+        timeout = self.settings.op_timeout_s
+        for node in self.primaries():
+            cursor = b"0"
+            while True:
+                reply = await self._node_call(node, (b"SCAN", cursor, b"MATCH", match, b"COUNT", count), timeout)
+                cursor, keys = reply[0], reply[1]
+                for k in keys:
+                    yield k
+                if cursor == b"0":
+                    break
+
+    async def ping(self, *, timeout: float) -> None:
+        if self._cluster:
+            await self.command_all_primaries("PING", timeout=timeout)
+        else:
+            await self.command("PING", timeout=timeout)
+
+    # --- stats (tests, metrics) -------------------------------------------------
+
+    def round_trips(self) -> dict[str, int]:
+        """Requests sent while the connection had no reply pending, per node."""
+        return {n.name: p.round_trips for n, p in self._pools.items()}

@@ -1,0 +1,332 @@
+"""One RESP connection: an :class:`asyncio.BufferedProtocol` over TCP, a Unix socket or TLS.
+
+Receive path: :meth:`Connection.get_buffer` hands the event loop a slice of the
+*current destination* — the caller's buffer while a GET's payload is arriving,
+the parser's scratch buffer otherwise — so the kernel (or the TLS layer) copies
+straight into it. On plain sockets, once a payload is arriving we keep calling
+``recv_into`` on the socket until it would block, instead of one read per event
+loop iteration.
+
+Send path: commands are queued as a list of buffers (a small RESP header, then
+the caller's payload memoryviews, then a trailer) and written slice by slice
+while the transport's buffer is empty, so a multi-MiB payload is never
+concatenated and the transport copies at most the unsent tail of one slice.
+
+Buffer ownership rule (the one place it is written down)
+---------------------------------------------------------
+A caller's destination buffers (GET sinks) and source buffers (SET parts) are
+referenced by a connection only while the request that carries them is pending.
+A request stops being pending when its reply has been fully parsed, or when the
+connection is *aborted*. Any error, deadline or cancellation that hits a request
+whose reply has not fully arrived aborts the connection **synchronously, before
+the exception propagates to the caller**: ``transport.abort()`` unregisters the
+socket from the event loop at once, the parser forgets every sink
+(:meth:`ReplyParser.abandon`) and the send queue is cleared. So when a timed-out
+or cancelled ``get_into`` returns, nothing can write into the caller's buffer
+any more and nothing will read its SET payload; the buffer may be reused or
+freed. An aborted connection is never returned to a pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from ...config import Node, Settings, TLSSettings
+from ...errors import (
+    AuthError,
+    ConnectionLost,
+    DeadlineExceeded,
+    ServerError,
+    TransportError,
+)
+from .parser import ReplyParser, encode_command
+
+__all__ = ["Connection", "open_connection", "make_ssl_context"]
+
+# Socket buffers: large enough that one read/write moves a big piece of a
+# multi-MiB value. The kernel caps them at net.core.[rw]mem_max.
+SOCK_BUF = 4 << 20
+# Largest slice handed to transport.write() at once (see the send path above).
+WRITE_SLICE = 1 << 20
+# Payloads smaller than this are joined with their header (one send() call).
+SMALL_JOIN = 8 << 10
+
+Callback = Callable[[Any], None]
+
+
+def make_ssl_context(tls: TLSSettings) -> ssl.SSLContext:
+    if tls.verify:
+        ctx = ssl.create_default_context(cafile=tls.ca_file)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if tls.cert_file:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    return ctx
+
+
+class Connection(asyncio.BufferedProtocol):
+    """A single RESP2 connection. Not safe to share between concurrent users:
+    pools hand it to one operation (or one batch) at a time."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.transport: asyncio.Transport | None = None
+        self.parser = ReplyParser(self._on_reply)
+        self._cbs: deque[Callback] = deque()
+        self._out: deque[Any] = deque()
+        self._paused = False
+        self._sock: socket.socket | None = None  # raw socket (plain TCP/Unix only)
+        self.broken = False
+        self.closed: asyncio.Future[None] | None = None
+        self.round_trips = 0  # requests sent while no reply was pending
+        self.requests = 0
+
+    # --- asyncio.BufferedProtocol -------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.parser.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        parser = self.parser
+        try:
+            parser.buffer_updated(nbytes)
+            sock = self._sock
+            if sock is not None and parser.filling:
+                # Greedy: drain the socket straight into the destination.
+                recv_into = sock.recv_into
+                while parser.filling:
+                    buf = parser.get_buffer(-1)
+                    try:
+                        n = recv_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        return
+                    except OSError:
+                        return  # the transport sees the error on its next read
+                    if not n:
+                        return  # EOF: the transport sees it on its next read
+                    parser.buffer_updated(n)
+        except TransportError as e:  # ProtocolError
+            self.abort(e)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else " (closed by the server)"
+        self._fail_all(ConnectionLost(f"connection to {self.node.name} lost{why}"))
+        if self.closed is not None and not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    # --- requests ---------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._cbs)
+
+    def send(self, parts: Sequence[Any], sink: Sequence[memoryview] | None, cb: Callback) -> bool:
+        """Queue one command (already encoded as ``parts``) and its reply callback.
+
+        ``cb(value)`` runs synchronously when the reply is parsed; ``value`` is
+        an exception object for an error reply or a lost connection. Returns
+        False (and does not call ``cb``) when the connection is already broken.
+        """
+        if self.broken:
+            return False
+        if not self._cbs:
+            self.round_trips += 1
+        self.requests += 1
+        self.parser.push_sink(sink)
+        self._cbs.append(cb)
+        self._out.extend(parts)
+        if not self._paused:
+            self._pump()
+        return True
+
+    def request(self, args: Sequence[Any], sink: Sequence[memoryview] | None = None) -> asyncio.Future[Any]:
+        """Send a small command; the future resolves to its reply (errors as exceptions)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(v: Any, fut: asyncio.Future[Any] = fut) -> None:
+            if fut.done():
+                return
+            if isinstance(v, BaseException):
+                fut.set_exception(v)
+            else:
+                fut.set_result(v)
+
+        if not self.send((encode_command(args),), sink, done):
+            fut.set_exception(ConnectionLost(f"connection to {self.node.name} is closed"))
+        return fut
+
+    async def call(self, *args: Any, sink: Sequence[memoryview] | None = None) -> Any:
+        """Send one command and wait for its reply; aborts the connection if interrupted."""
+        fut = self.request(args, sink)
+        try:
+            return await fut
+        except BaseException:
+            if not fut.done():
+                self.abort(ConnectionLost("request interrupted"))
+            raise
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Drop the connection now (see the ownership rule in the module docstring)."""
+        if not self.broken:
+            self.broken = True
+            self.parser.abandon()
+            self._out.clear()
+            if self.transport is not None:
+                self.transport.abort()
+        self._fail_all(exc or ConnectionLost(f"connection to {self.node.name} aborted"))
+
+    def close(self) -> None:
+        """Close politely when idle (pending requests fail)."""
+        if self.busy:
+            self.abort()
+            return
+        self.broken = True
+        self.parser.abandon()
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- internals --------------------------------------------------------------
+
+    def _pump(self) -> None:
+        out = self._out
+        write = self.transport.write  # type: ignore[union-attr]
+        while out and not self._paused:
+            d = out[0]
+            if len(d) > WRITE_SLICE:
+                write(d[:WRITE_SLICE])
+                out[0] = d[WRITE_SLICE:]
+            else:
+                write(d)
+                out.popleft()
+
+    def _on_reply(self, value: Any) -> None:
+        if self._cbs:
+            self._cbs.popleft()(value)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.broken = True
+        self.parser.abandon()
+        self._out.clear()
+        cbs = self._cbs
+        while cbs:
+            cbs.popleft()(exc)
+
+
+def _tune(sock: socket.socket) -> None:
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+        except OSError:
+            pass
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _raw_connect(node: Node) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    if node.path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        _tune(sock)
+        try:
+            await loop.sock_connect(sock, node.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    infos = await loop.getaddrinfo(node.host, node.port, type=socket.SOCK_STREAM)
+    last: BaseException | None = None
+    for family, type_, proto, _, addr in infos:
+        sock = socket.socket(family, type_, proto)
+        sock.setblocking(False)
+        _tune(sock)
+        try:
+            await loop.sock_connect(sock, addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+        except BaseException:
+            sock.close()
+            raise
+    raise last or OSError(f"no address for {node.host}")
+
+
+async def open_connection(
+    node: Node, settings: Settings, *, ssl_context: ssl.SSLContext | None = None, timeout: float | None = None
+) -> Connection:
+    """Connect, authenticate and select the database.
+
+    Raises ConnectionLost (unreachable), AuthError (credentials refused) or
+    DeadlineExceeded (no answer within ``timeout``, default connect_timeout_s).
+    """
+    loop = asyncio.get_running_loop()
+    timeout = settings.connect_timeout_s if timeout is None else timeout
+    conn = Connection(node)
+    what = f"valkey{'s' if ssl_context else ''}://{node.name}"
+    try:
+        async with asyncio.timeout(timeout):
+            sock = await _raw_connect(node)
+            try:
+                kw: dict[str, Any] = {}
+                if ssl_context is not None:
+                    kw["ssl"] = ssl_context
+                    tls = settings.tls
+                    kw["server_hostname"] = (tls.server_name if tls and tls.server_name else node.host) or None
+                    kw["ssl_handshake_timeout"] = max(timeout, 0.1)
+                await loop.create_connection(lambda: conn, sock=sock, **kw)
+            except BaseException:
+                sock.close()
+                raise
+            if ssl_context is None:
+                conn._sock = sock
+            if settings.password is not None:
+                if settings.username:
+                    await conn.call("AUTH", settings.username, settings.password)
+                else:
+                    await conn.call("AUTH", settings.password)
+            if settings.db:
+                await conn.call("SELECT", settings.db)
+        return conn
+    except TimeoutError:
+        conn.abort()
+        raise DeadlineExceeded(f"connecting to {what} took longer than {timeout:g}s") from None
+    except AuthError as e:
+        conn.abort()
+        raise AuthError(f"authentication to {what} refused: {e.message}") from None
+    except ServerError as e:
+        conn.abort()
+        raise type(e)(f"{what}: {e.message}") from None
+    except ssl.SSLError as e:
+        conn.abort()
+        raise ConnectionLost(f"TLS handshake with {what} failed: {e}") from None
+    except OSError as e:
+        conn.abort()
+        raise ConnectionLost(f"cannot connect to {what}: {e.strerror or e}") from None
+    except TransportError:
+        conn.abort()
+        raise
+    except BaseException:
+        conn.abort()
+        raise

@@ -1,0 +1,362 @@
+"""Sans-I/O RESP2 reply parser and command encoder.
+
+The parser never touches a socket. Its owner (a connection, or a test) asks
+:meth:`ReplyParser.get_buffer` where the next received bytes should go, writes
+them there, and reports how many with :meth:`ReplyParser.buffer_updated` — the
+shape of :class:`asyncio.BufferedProtocol`, so the kernel copies straight into
+the right place. :meth:`ReplyParser.feed` does the same from a ``bytes`` object
+(tests).
+
+Each top-level reply may have a *sink*: a list of writable byte memoryviews
+(e.g. a 512-byte header scratch, then the payload destination). When that reply
+is a bulk string its bytes are written into the sink buffers in order, with no
+intermediate ``bytes`` object; bytes beyond the sink's capacity are drained and
+dropped. The reply's value is then the bulk's true length (``int``), so the
+caller can tell a short or oversized value. A nil bulk is ``None``. Without a
+sink a bulk is ``bytes``.
+
+Error replies become typed exception *objects* (via
+:func:`lmcache_valkey.errors.server_error`) delivered as values, never raised:
+inside an array (EXEC, pipelines) one bad element must not hide the others.
+Malformed input raises :class:`~lmcache_valkey.errors.ProtocolError`; the
+connection must then be dropped.
+
+This module imports nothing from asyncio or the rest of the transport.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from ...errors import ProtocolError, server_error
+
+__all__ = ["ReplyParser", "encode_command", "encode_args", "as_byte_view", "Sink"]
+
+Sink = Sequence[memoryview]
+
+_SCRATCH = 64 * 1024
+_MIN_FREE = 4096
+_MAX_LINE = 1 << 20
+_CRLF = b"\r\n"
+
+# parser modes
+_LINES = 0  # receiving into the scratch buffer, parsing lines
+_FILL = 1  # receiving straight into the current sink buffer
+
+_EMPTY: list[memoryview] = []
+
+
+def as_byte_view(buf: Any, *, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte memoryview over ``buf`` (no copy)."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise TypeError("destination buffer is read-only")
+    return mv
+
+
+def _arg(a: Any) -> bytes:
+    if isinstance(a, bytes):
+        return a
+    if isinstance(a, str):
+        return a.encode()
+    if isinstance(a, bool):
+        raise TypeError("bool is not a valid RESP argument")
+    if isinstance(a, int):
+        return b"%d" % a
+    if isinstance(a, float):
+        return repr(a).encode()
+    if isinstance(a, (bytearray, memoryview)):
+        return bytes(a)
+    raise TypeError(f"cannot encode {type(a).__name__} as a RESP argument")
+
+
+def encode_args(args: Sequence[Any]) -> list[bytes]:
+    return [_arg(a) for a in args]
+
+
+def encode_command(args: Sequence[Any]) -> bytes:
+    """One command as a RESP array of bulk strings (for small commands)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = _arg(a)
+        parts.append(b"$%d\r\n" % len(b))
+        parts.append(b)
+        parts.append(_CRLF)
+    return b"".join(parts)
+
+
+class ReplyParser:
+    """Incremental RESP2 reply parser with scatter sinks for bulk replies.
+
+    ``on_reply(value)`` is called synchronously for each complete top-level
+    reply, in order. :meth:`push_sink` must be called once per expected reply
+    (``None`` for no sink), in the order the commands were sent.
+    """
+
+    __slots__ = (
+        "_on_reply", "_buf", "_mv", "_start", "_end", "_mode", "_sinks", "_sink",
+        "_tgt", "_ti", "_cur", "_off", "_left", "_drop", "_total", "_bulk_obj",
+        "_await_crlf", "_stack", "_dead",
+    )
+
+    def __init__(self, on_reply: Callable[[Any], None]) -> None:
+        self._on_reply = on_reply
+        self._buf = bytearray(_SCRATCH)
+        self._mv = memoryview(self._buf)
+        self._start = 0  # first unparsed byte in scratch
+        self._end = 0  # end of received bytes in scratch
+        self._mode = _LINES
+        self._sinks: deque[Sink | None] = deque()
+        self._sink: Sink | None = None  # sink of the reply being parsed
+        self._tgt: Sequence[memoryview] = _EMPTY  # buffers of the bulk being filled
+        self._ti = 0  # index of the current buffer in _tgt
+        self._cur: memoryview | None = None  # current buffer
+        self._off = 0  # write offset in _cur
+        self._left = 0  # payload bytes still to go into buffers
+        self._drop = 0  # payload bytes to drain and drop after the buffers are full
+        self._total = 0  # declared bulk length
+        self._bulk_obj: bytearray | None = None  # sink-less bulk being assembled
+        self._await_crlf = False  # a bulk payload is done; its CRLF is next
+        self._stack: list[list[Any]] = []  # [remaining, items] per open array
+        self._dead = False
+
+    # --- sinks -------------------------------------------------------------
+
+    def push_sink(self, sink: Sink | None) -> None:
+        self._sinks.append(sink)
+
+    @property
+    def idle(self) -> bool:
+        """True when no reply is partly received and none is expected."""
+        return not self._sinks and self._sink is None and self._end == self._start and self._mode == _LINES
+
+    def abandon(self) -> None:
+        """Forget every sink and stop writing into caller buffers, forever.
+
+        Called when the connection is aborted; afterwards :meth:`get_buffer`
+        only ever returns the parser's own scratch buffer.
+        """
+        self._dead = True
+        self._sinks.clear()
+        self._sink = None
+        self._tgt = _EMPTY
+        self._cur = None
+        self._mode = _LINES
+        self._start = self._end = 0
+        self._stack.clear()
+        self._bulk_obj = None
+
+    # --- BufferedProtocol-shaped entry points ---------------------------------
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        if self._mode == _FILL:
+            cur = self._cur
+            off = self._off
+            n = len(cur) - off  # type: ignore[arg-type]
+            if n > self._left:
+                n = self._left
+            return cur[off:off + n]  # type: ignore[index]
+        start, end = self._start, self._end
+        if start == end:
+            self._start = self._end = end = 0
+        elif len(self._buf) - end < _MIN_FREE:
+            if start > 0:  # compact
+                n = end - start
+                self._buf[0:n] = self._buf[start:end]
+                self._start, self._end, end = 0, n, n
+            if len(self._buf) - end < _MIN_FREE:  # grow (a long line)
+                new = bytearray(2 * len(self._buf))
+                new[:end] = self._mv[:end]
+                self._buf, self._mv = new, memoryview(new)
+        return self._mv[end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._dead:
+            return
+        if self._mode == _FILL:
+            self._off += nbytes
+            self._left -= nbytes
+            if self._off == len(self._cur) or self._left == 0:  # type: ignore[arg-type]
+                self._advance_target()
+                if self._mode == _LINES:
+                    self._process()
+            return
+        self._end += nbytes
+        self._process()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed received bytes (copying them through :meth:`get_buffer`)."""
+        mv = memoryview(data).cast("B")
+        while len(mv):
+            buf = self.get_buffer()
+            n = min(len(buf), len(mv))
+            buf[:n] = mv[:n]
+            mv = mv[n:]
+            self.buffer_updated(n)
+
+    @property
+    def filling(self) -> bool:
+        """True while received bytes go straight into a sink buffer."""
+        return self._mode == _FILL
+
+    # --- internals -----------------------------------------------------------
+
+    def _advance_target(self) -> None:
+        """The current buffer is full or the payload ended: move on."""
+        if self._left > 0:
+            tgt = self._tgt
+            ti = self._ti + 1
+            while ti < len(tgt) and len(tgt[ti]) == 0:
+                ti += 1
+            if ti < len(tgt):
+                self._ti = ti
+                self._cur = tgt[ti]
+                self._off = 0
+                return
+            self._drop += self._left  # sink is full: drain the rest
+            self._left = 0
+        self._mode = _LINES
+        self._cur = None
+        self._tgt = _EMPTY
+        self._await_crlf = True
+
+    def _start_bulk(self, length: int, sink: Sink | None) -> None:
+        """Header ``$length`` parsed; route the payload."""
+        self._total = length
+        if sink is None:
+            avail = self._end - self._start
+            if avail >= length + 2:  # fast path: small bulk already here
+                s = self._start
+                if self._buf[s + length:s + length + 2] != _CRLF:
+                    raise ProtocolError("bulk string not terminated by CRLF")
+                self._start = s + length + 2
+                self._value(bytes(self._buf[s:s + length]))
+                return
+            self._bulk_obj = bytearray(length)
+            sink = (memoryview(self._bulk_obj),)
+        self._tgt = sink
+        self._ti = 0
+        self._left = length
+        self._drop = 0
+        # Copy whatever payload already sits in scratch into the sink buffers.
+        ti = 0
+        while ti < len(sink) and len(sink[ti]) == 0:
+            ti += 1
+        while self._left and ti < len(sink):
+            cur = sink[ti]
+            avail = self._end - self._start
+            if not avail:
+                break
+            n = min(len(cur), self._left, avail)
+            s = self._start
+            cur[0:n] = self._mv[s:s + n]
+            self._start = s + n
+            self._left -= n
+            if n < len(cur) and self._left:  # scratch exhausted mid-buffer
+                self._ti, self._cur, self._off = ti, cur, n
+                self._mode = _FILL
+                return
+            ti += 1
+            while ti < len(sink) and len(sink[ti]) == 0:
+                ti += 1
+        if self._left and ti < len(sink):
+            self._ti, self._cur, self._off = ti, sink[ti], 0
+            self._mode = _FILL
+            return
+        # Either all payload is here, or the sink is full: drop the rest.
+        self._drop += self._left
+        self._left = 0
+        self._tgt = _EMPTY
+        self._await_crlf = True
+
+    def _finish_bulk(self) -> None:
+        obj = self._bulk_obj
+        if obj is not None:
+            self._bulk_obj = None
+            self._value(bytes(obj))
+        else:
+            self._value(self._total)
+
+    def _value(self, v: Any) -> None:
+        """A complete value: attach it to the open array, or emit it."""
+        stack = self._stack
+        while stack:
+            top = stack[-1]
+            top[1].append(v)
+            top[0] -= 1
+            if top[0]:
+                return
+            stack.pop()
+            v = top[1]
+        self._sink = None
+        self._on_reply(v)
+
+    def _process(self) -> None:
+        buf = self._buf
+        while not self._dead:
+            if self._drop:
+                n = min(self._drop, self._end - self._start)
+                self._start += n
+                self._drop -= n
+                if self._drop:
+                    return
+            if self._await_crlf:
+                if self._end - self._start < 2:
+                    return
+                s = self._start
+                if buf[s:s + 2] != _CRLF:
+                    raise ProtocolError("bulk string not terminated by CRLF")
+                self._start = s + 2
+                self._await_crlf = False
+                self._finish_bulk()
+                continue
+            if self._mode == _FILL:
+                return
+            start = self._start
+            if start >= self._end:
+                return
+            idx = buf.find(_CRLF, start, self._end)
+            if idx < 0:
+                if self._end - start > _MAX_LINE:
+                    raise ProtocolError("reply line too long")
+                return
+            kind = buf[start]
+            line = bytes(buf[start + 1:idx])
+            self._start = idx + 2
+            top_level = not self._stack
+            if top_level:
+                self._sink = self._sinks.popleft() if self._sinks else None
+            if kind == 36:  # '$'
+                try:
+                    n = int(line)
+                except ValueError:
+                    raise ProtocolError(f"bad bulk length {line!r}") from None
+                if n < 0:
+                    self._value(None)
+                else:
+                    self._start_bulk(n, self._sink if top_level else None)
+            elif kind == 43:  # '+'
+                self._value(line)
+            elif kind == 58:  # ':'
+                try:
+                    self._value(int(line))
+                except ValueError:
+                    raise ProtocolError(f"bad integer {line!r}") from None
+            elif kind == 45:  # '-'
+                self._value(server_error(line.decode("utf-8", "replace")))
+            elif kind == 42:  # '*'
+                try:
+                    n = int(line)
+                except ValueError:
+                    raise ProtocolError(f"bad array length {line!r}") from None
+                if n < 0:
+                    self._value(None)
+                elif n == 0:
+                    self._value([])
+                else:
+                    self._stack.append([n, []])
+            else:
+                raise ProtocolError(f"unexpected reply type byte {kind!r}")

@@ -1,0 +1,341 @@
+"""Per-node connection pool and the batch executor that stripes work over it.
+
+A :class:`NodePool` owns up to ``connections_per_node`` connections to one
+server. An operation checks out a connection exclusively (so aborting it on a
+deadline hurts nobody else) and gives it back when its reply is complete; a
+broken or aborted connection is dropped, never pooled. After a failed connect
+the node is in back-off (exponential, capped): operations fail fast with
+``ConnectionLost`` instead of piling up on a dead server, and the next attempt
+after the back-off reconnects.
+
+:func:`run_ops` executes a batch of :class:`Op` over several pools: each node's
+share is *striped* over the connections it could get — one large value in
+flight per connection (multi-MiB replies are not pipelined into one socket),
+while small commands are pipelined on one connection in one write (one round
+trip). Replies drive the next send from the reply callback, with no task per
+item. If the batch is interrupted (deadline, cancellation) every connection
+that still has a reply pending is aborted before the exception propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from ...config import Node, Settings
+from ...errors import ConnectionLost, DeadlineExceeded, TransportError
+from .connection import Connection, open_connection
+
+__all__ = ["NodePool", "Op", "run_ops", "PENDING"]
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = _Pending()
+
+
+class NodePool:
+    def __init__(self, node: Node, settings: Settings, ssl_context: ssl.SSLContext | None) -> None:
+        self.node = node
+        self.settings = settings
+        self.size = settings.connections_per_node
+        self._ssl = ssl_context
+        self._idle: list[Connection] = []
+        self._all: set[Connection] = set()
+        self._connecting = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._last_error: TransportError | None = None
+        self._closed = False
+        self.connects = 0  # successful connects (stats / tests)
+
+    # --- stats ---------------------------------------------------------------
+
+    @property
+    def round_trips(self) -> int:
+        return self._round_trips_dead + sum(c.round_trips for c in self._all)
+
+    _round_trips_dead = 0
+
+    # --- acquire / release ------------------------------------------------------
+
+    def _can_open(self) -> bool:
+        return len(self._all) + self._connecting < self.size
+
+    async def _open(self) -> Connection:
+        now = time.monotonic()
+        if now < self._retry_at and self._last_error is not None:
+            raise type(self._last_error)(
+                f"{self._last_error} (node in back-off, next attempt in {self._retry_at - now:.2f}s)"
+            )
+        self._connecting += 1
+        try:
+            conn = await open_connection(self.node, self.settings, ssl_context=self._ssl)
+        except (ConnectionLost, DeadlineExceeded) as e:
+            self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
+            self._retry_at = time.monotonic() + self._backoff
+            self._last_error = e
+            raise
+        finally:
+            self._connecting -= 1
+            self._wake()
+        self._backoff = 0.0
+        self._last_error = None
+        self.connects += 1
+        if self._closed:
+            conn.close()
+            raise ConnectionLost(f"pool for {self.node.name} is closed")
+        self._all.add(conn)
+        return conn
+
+    def _take_idle(self) -> Connection | None:
+        while self._idle:
+            c = self._idle.pop()
+            if not c.broken:
+                return c
+            self._forget(c)
+        return None
+
+    async def acquire(self) -> Connection:
+        """A connection for exclusive use; waits for one if all are busy."""
+        while True:
+            if self._closed:
+                raise ConnectionLost(f"pool for {self.node.name} is closed")
+            c = self._take_idle()
+            if c is not None:
+                return c
+            if self._can_open():
+                return await self._open()
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+
+    async def acquire_extra(self) -> Connection | None:
+        """An idle connection, or a new one if the pool has room; never waits for a busy one."""
+        c = self._take_idle()
+        if c is not None:
+            return c
+        if self._can_open() and not self._closed:
+            try:
+                return await self._open()
+            except TransportError:
+                return None
+        return None
+
+    def release(self, conn: Connection) -> None:
+        if conn.broken or conn.busy or self._closed:
+            if conn.busy:
+                conn.abort()
+            elif not conn.broken:
+                conn.close()
+            self._forget(conn)
+        else:
+            self._idle.append(conn)
+        self._wake()
+
+    def _forget(self, conn: Connection) -> None:
+        if conn in self._all:
+            self._all.discard(conn)
+            self._round_trips_dead += conn.round_trips
+
+    def _wake(self) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    async def fill(self) -> None:
+        """Open connections up to the pool size (best effort)."""
+        while self._can_open() and not self._closed:
+            conn = await self._open()
+            self._idle.append(conn)
+
+    async def close(self) -> None:
+        """Abort every connection (idle and in use); never waits on the server."""
+        self._closed = True
+        for c in list(self._all):
+            c.abort(ConnectionLost(f"client closed; connection to {self.node.name} dropped"))
+        self._all.clear()
+        self._idle.clear()
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+
+class Op:
+    """One command of a batch: encoded parts, optional sink, and a result slot."""
+
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key")
+
+    def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
+                 key: bytes | None = None) -> None:
+        self.index = index
+        self.parts = parts
+        self.sink = sink
+        self.key = key
+        self.node: Node | None = None
+        self.slot = 0
+        self.asking = False
+
+
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+def _ignore(_: Any) -> None:
+    pass
+
+
+class _Lane:
+    """One node's share of a batch, fed to its connections from reply callbacks."""
+
+    def __init__(self, ops: list[Op], batch: "_Batch", large: bool) -> None:
+        self.queue = deque(ops)
+        self.batch = batch
+        self.large = large
+        self.conns: list[Connection] = []
+
+    def start(self, conns: list[Connection]) -> None:
+        self.conns = conns
+        if not conns:
+            return
+        if self.large:
+            for c in conns:
+                self._feed(c)
+        else:  # pipeline everything on one connection: one write, one round trip
+            c = conns[0]
+            parts: list[Any] = []
+            ops = list(self.queue)
+            self.queue.clear()
+            for op in ops:
+                if op.asking:
+                    parts.append(_ASKING)
+                parts.extend(op.parts)
+            joined = [b"".join(parts)]
+            first = True
+            for op in ops:
+                if op.asking:
+                    c.send((), None, _ignore)
+                if not c.send(joined if first else (), op.sink, self._cb(c, op)):
+                    self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
+                first = False
+
+    def _cb(self, conn: Connection, op: Op) -> Callable[[Any], None]:
+        def done(value: Any) -> None:
+            self.batch.finish(op.index, value)
+            if self.large:
+                self._feed(conn)
+        return done
+
+    def _feed(self, conn: Connection) -> None:
+        q = self.queue
+        if not q:
+            return
+        if conn.broken:
+            if all(c.broken for c in self.conns):
+                err = ConnectionLost(f"all connections to {conn.node.name} failed")
+                while q:
+                    self.batch.finish(q.popleft().index, err)
+            return
+        op = q.popleft()
+        if op.asking:
+            conn.send((_ASKING,), None, _ignore)
+        if not conn.send(op.parts, op.sink, self._cb(conn, op)):
+            q.appendleft(op)
+            self._feed(conn)
+
+    def fail_rest(self, err: TransportError) -> None:
+        q = self.queue
+        while q:
+            self.batch.finish(q.popleft().index, err)
+
+
+class _Batch:
+    def __init__(self, results: list[Any], indices: Sequence[int]) -> None:
+        self.results = results
+        self.left = len(indices)
+        self.fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.left:
+            self.fut.set_result(None)
+
+    def finish(self, index: int, value: Any) -> None:
+        if self.results[index] is not PENDING:
+            return
+        self.results[index] = value
+        self.left -= 1
+        if self.left == 0 and not self.fut.done():
+            self.fut.set_result(None)
+
+
+async def run_ops(
+    groups: dict[Node, list[Op]],
+    pools: Callable[[Node], NodePool],
+    results: list[Any],
+    *,
+    large: bool,
+) -> None:
+    """Run each node's ops on that node's pool, in parallel; fill ``results[op.index]``.
+
+    A reply value (or an exception object for an error reply / lost
+    connection) lands in ``results``. Slots of ops not run stay ``PENDING``
+    when interrupted; the caller turns them into DeadlineExceeded.
+    """
+    all_ops = [op for ops in groups.values() for op in ops]
+    batch = _Batch(results, [op.index for op in all_ops])
+    lanes = {node: _Lane(ops, batch, large) for node, ops in groups.items()}
+    held: list[tuple[NodePool, Connection]] = []
+
+    async def get_conns(node: Node, lane: _Lane) -> None:
+        pool = pools(node)
+        want = min(len(lane.queue), pool.size) if large else 1
+        try:
+            first = await pool.acquire()
+        except TransportError as e:
+            lane.fail_rest(e)
+            return
+        held.append((pool, first))
+        conns = [first]
+        if want > 1:
+            async def extra() -> None:
+                c = await pool.acquire_extra()
+                if c is not None:
+                    held.append((pool, c))
+                    conns.append(c)
+            await asyncio.gather(*(extra() for _ in range(want - 1)))
+        lane.start(conns)
+
+    try:
+        if len(lanes) == 1:
+            (node, lane), = lanes.items()
+            await get_conns(node, lane)
+        else:
+            await asyncio.gather(*(get_conns(n, l) for n, l in lanes.items()))
+        if not batch.fut.done():
+            await batch.fut
+    except BaseException:
+        for _, c in held:
+            if c.busy:
+                c.abort(DeadlineExceeded("batch interrupted"))
+        raise
+    finally:
+        for pool, c in held:
+            pool.release(c)

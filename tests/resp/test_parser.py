@@ -1,0 +1,155 @@
+"""Sans-I/O parser tests: every reply type, fed in odd chunk sizes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lmcache_valkey.errors import AuthError, OutOfMemory, ProtocolError, ServerError
+from lmcache_valkey.transport.resp.parser import ReplyParser, encode_command
+
+STREAM = (
+    b"+OK\r\n"
+    b"-ERR unknown command\r\n"
+    b":42\r\n"
+    b":-7\r\n"
+    b"$5\r\nhello\r\n"
+    b"$0\r\n\r\n"
+    b"$-1\r\n"
+    b"*-1\r\n"
+    b"*0\r\n"
+    b"*3\r\n$1\r\na\r\n*2\r\n:1\r\n-NOPERM no\r\n+x\r\n"
+    b"-OOM command not allowed\r\n"
+)
+EXPECTED = [b"OK", ServerError, 42, -7, b"hello", b"", None, None, [], [b"a", [1, AuthError], b"x"], OutOfMemory]
+
+
+def _check(out: list) -> None:
+    assert len(out) == len(EXPECTED)
+    for got, want in zip(out, EXPECTED):
+        if isinstance(want, type):
+            assert type(got) is want
+        elif isinstance(want, list) and want and isinstance(want[1], list):
+            assert got[0] == b"a" and got[1][0] == 1 and isinstance(got[1][1], AuthError) and got[2] == b"x"
+        else:
+            assert got == want
+
+
+def _splits(data: bytes, rng: random.Random) -> list[bytes]:
+    out, i = [], 0
+    while i < len(data):
+        n = rng.choice([1, 1, 2, 3, 7, 64, 1000, 70000])
+        out.append(data[i:i + n])
+        i += n
+    return out
+
+
+def test_one_byte_at_a_time() -> None:
+    out: list = []
+    p = ReplyParser(out.append)
+    for b in STREAM:
+        p.feed(bytes([b]))
+    _check(out)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_splits(seed: int) -> None:
+    out: list = []
+    p = ReplyParser(out.append)
+    for piece in _splits(STREAM, random.Random(seed)):
+        p.feed(piece)
+    _check(out)
+
+
+def _bulk(payload: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(payload), payload)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("value_len,caps", [
+    (1000, [512, 2000]),      # fits, scatter across header scratch + payload
+    (1000, [512, 488]),       # exact fit
+    (1000, [512, 100]),       # oversized value: rest drained and dropped
+    (300, [512, 2000]),       # short value fills only the start
+    (0, [512]),               # empty value
+    (200_000, [512, 0, 300_000]),  # zero-length buffer in the middle, bigger than scratch
+    (200_000, [100, 50]),     # far oversized: mostly dropped
+])
+def test_scatter_sink(seed: int, value_len: int, caps: list[int]) -> None:
+    rng = random.Random(seed)
+    payload = rng.randbytes(value_len)
+    data = b":1\r\n" + _bulk(payload) + b"+after\r\n" + _bulk(b"xyz")
+    bufs = [bytearray(b"\xee" * c) for c in caps]
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_sink(None)
+    p.push_sink([memoryview(b) for b in bufs])
+    p.push_sink(None)
+    p.push_sink(None)
+    for piece in _splits(data, rng):
+        # emulate BufferedProtocol: receive into whatever get_buffer hands out
+        mv = memoryview(piece)
+        while len(mv):
+            dst = p.get_buffer(-1)
+            n = min(len(dst), len(mv), rng.choice([1, 5, 1 << 20]))
+            dst[:n] = mv[:n]
+            mv = mv[n:]
+            p.buffer_updated(n)
+    assert out == [1, value_len, b"after", b"xyz"]
+    joined = b"".join(bufs)
+    k = min(value_len, sum(caps))
+    assert joined[:k] == payload[:k]
+    assert joined[k:] == b"\xee" * (len(joined) - k)  # nothing written past the value
+    assert p.idle
+
+
+def test_nil_with_sink_leaves_buffer() -> None:
+    buf = bytearray(b"\x01" * 16)
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_sink([memoryview(buf)])
+    p.feed(b"$-1\r\n")
+    assert out == [None] and buf == b"\x01" * 16
+
+
+def test_error_with_sink_is_typed() -> None:
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_sink([memoryview(bytearray(8))])
+    p.feed(b"-WRONGPASS invalid username-password pair\r\n")
+    assert isinstance(out[0], AuthError) and out[0].prefix == "WRONGPASS"
+
+
+def test_abandon_stops_writing() -> None:
+    buf = bytearray(100)
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_sink([memoryview(buf)])
+    p.feed(b"$100\r\n" + b"a" * 10)
+    assert p.filling
+    p.abandon()
+    dst = p.get_buffer(-1)
+    dst[:5] = b"bbbbb"
+    p.buffer_updated(5)
+    assert buf[:10] == b"a" * 10 and buf[10:] == bytes(90) and out == []
+
+
+@pytest.mark.parametrize("bad", [b"?x\r\n", b"$abc\r\n", b"$3\r\nabcXY", b":1.5\r\n"])
+def test_protocol_errors(bad: bytes) -> None:
+    p = ReplyParser(lambda v: None)
+    with pytest.raises(ProtocolError):
+        p.feed(bad)
+
+
+def test_long_line_grows_scratch() -> None:
+    out: list = []
+    p = ReplyParser(out.append)
+    line = b"+" + b"x" * 200_000 + b"\r\n"
+    for piece in _splits(line, random.Random(1)):
+        p.feed(piece)
+    assert out == [b"x" * 200_000]
+
+
+def test_encode_command() -> None:
+    assert encode_command(("SET", b"k", 12, 1.5)) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n12\r\n$3\r\n1.5\r\n"
