@@ -1,0 +1,456 @@
+"""Helm chart: strict lint, values.schema.json, offline render (Helm v4 SDK, no helm binary),
+kubernetes-validate --strict on every rendered manifest, the NOTES snippet through LMCache's
+own config loader, the Grafana dashboard's PromQL through promtool, and the rendered
+valkey.conf / start.sh / probe.sh run against a real valkey-server."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) is not installed")
+kv_utils = pytest.importorskip("kubernetes_validate.utils", reason="kubernetes-validate is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "lmcache-valkey"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+KUBE_VERSION = "1.30.0"
+# CRDs that kubernetes-validate ships no schema for. ServiceMonitor is prometheus-operator's
+# CRD (monitoring.coreos.com/v1): checked structurally in test_service_monitor_targets_metrics.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+RELEASE, NAMESPACE = "kv", "inference"
+
+
+def _load_values(path: Path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
+
+
+def _render(values: dict | None = None) -> dict[str, str]:
+    chart = helm.Chart.load(str(CHART))
+    return chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def _docs(manifests: dict[str, str]) -> list[dict]:
+    out = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        out.extend(d for d in yaml.safe_load_all(text) if d)
+    return out
+
+
+def _kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+VALUE_SETS = [pytest.param({}, id="defaults")] + [
+    pytest.param(_load_values(p), id=p.stem) for p in CI_VALUES
+]
+
+
+# --- lint / schema -----------------------------------------------------------------------------
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_lint_strict(values):
+    report = helm.lint(str(CHART), values, strict=True, kube_version="v" + KUBE_VERSION)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # warning or error
+    assert report["errors"] == [] and problems == [], report
+
+
+def test_full_values_file_exists():
+    assert (CHART / "ci" / "full-values.yaml") in CI_VALUES
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_values_pass_schema(values):
+    helm.Chart.load(str(CHART)).validate_schema(values)
+
+
+def test_defaults_match_schema_keys():
+    """Every key in values.yaml is described by the schema (which forbids unknown keys)."""
+    chart = helm.Chart.load(str(CHART))
+    chart.validate_schema(chart.values)
+
+
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"valkey": {"port": "6379x"}}, "/valkey/port"),
+        ({"valkey": {"port": 60000}}, "/valkey/port"),  # cluster bus would be > 65535
+        ({"valkey": {"cluster": {"shards": "three"}}}, "/valkey/cluster/shards"),
+        ({"valkey": {"cluster": {"shards": 2}}}, "/valkey/cluster/shards"),
+        ({"valkey": {"mode": "sentinel"}}, "/valkey/mode"),
+        ({"valkey": {"maxmemry": "1gb"}}, "maxmemry"),
+        ({"valkey": {"maxmemory": 6}}, "/valkey/maxmemory"),
+        ({"tierd": {"nvme": {"budgetBytes": "lots"}}}, "/tierd/nvme/budgetBytes"),
+        ({"tierd": {"nvme": {"volume": {"type": "nfs"}}}}, "/tierd/nvme/volume/type"),
+        ({"efa": {"enabled": "yes"}}, "/efa/enabled"),
+        ({"auth": {"enabled": True, "existingSecret": ""}}, "/auth/existingSecret"),
+        ({"tierd": {"s3": {"enabled": True, "bucket": ""}}}, "/tierd/s3/bucket"),
+        ({"tierd": {"s3": {"irsaRoleArn": "my-role"}}}, "/tierd/s3/irsaRoleArn"),
+        ({"client": {"transport": "rdma"}}, "/client/transport"),
+    ],
+)
+def test_schema_rejects_wrong_values(bad, where):
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmValuesError) as exc:
+        chart.validate_schema(bad)
+    assert where in str(exc.value)
+    # the same values fail render and strict lint, as `helm install` / `helm lint` would
+    with pytest.raises(helm.HelmValuesError):
+        chart.render(bad, name=RELEASE, namespace=NAMESPACE)
+    assert helm.lint(str(CHART), bad, strict=True)["errors"]
+
+
+# --- render + kubernetes-validate ----------------------------------------------------------------
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_rendered_manifests_validate_strict(values):
+    docs = _docs(_render(values))
+    assert docs
+    checked = 0
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            continue
+        assert doc["metadata"]["namespace"] == NAMESPACE or doc["kind"] == "ConfigMap", doc["metadata"]
+        try:
+            kv_utils.validate(doc, KUBE_VERSION, strict=True)
+        except kv_utils.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked >= 5
+
+
+def test_only_known_crds_are_rendered():
+    docs = _docs(_render(_load_values(CHART / "ci" / "full-values.yaml")))
+    core = {"v1", "apps/v1", "batch/v1", "policy/v1", "networking.k8s.io/v1"}
+    for doc in docs:
+        assert doc["apiVersion"] in core or (doc["apiVersion"], doc["kind"]) in CRD_KINDS, doc["kind"]
+
+
+def test_defaults_standalone_shape():
+    docs = _docs(_render())
+    (sts,) = _kind(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 1
+    pod = sts["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["containers"]]
+    assert names == ["valkey", "tierd"]
+    valkey = pod["containers"][0]
+    assert valkey["resources"]["limits"]["memory"] == "8Gi"
+    assert "vpc.amazonaws.com/efa" not in valkey["resources"]["limits"]
+    tierd = pod["containers"][1]
+    assert tierd["command"] == ["lmcache-valkey"]
+    args = tierd["args"]
+    assert args[:3] == ["tierd", "--valkey-url", "valkey://127.0.0.1:6379"]
+    assert args[args.index("--nvme-budget-bytes") + 1] == "100000000000"
+    assert args[args.index("--metrics-port") + 1] == "9400"
+    assert "--s3-bucket" not in args
+    assert tierd["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    claims = [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]]
+    assert claims == ["nvme"]
+    assert _kind(docs, "Job") == [] and _kind(docs, "NetworkPolicy") == []
+    (cm,) = [c for c in _kind(docs, "ConfigMap")]
+    conf = cm["data"]["valkey.conf"]
+    assert "maxmemory 6gb" in conf and "maxmemory-policy allkeys-lru" in conf
+    assert "cluster-enabled" not in conf and "loadmodule" not in conf
+
+
+def test_full_values_shape():
+    docs = _docs(_render(_load_values(CHART / "ci" / "full-values.yaml")))
+    (sts,) = _kind(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 6  # 3 shards x (1 + 1 replica)
+    pod = sts["spec"]["template"]["spec"]
+    valkey = pod["containers"][0]
+    res = valkey["resources"]
+    for part in ("limits", "requests"):
+        assert res[part]["vpc.amazonaws.com/efa"] == 4
+        assert res[part]["hugepages-2Mi"] == "4Gi"
+    assert "IPC_LOCK" in valkey["securityContext"]["capabilities"]["add"]
+    assert pod["initContainers"][0]["name"] == "copy-module"
+    ports = {p["name"]: p["containerPort"] for p in valkey["ports"]}
+    assert ports == {"valkey": 6379, "cluster-bus": 16379}
+    tierd = pod["containers"][1]
+    args = tierd["args"]
+    assert args[2].startswith("valkeys://127.0.0.1:6379?tls_ca_file=/etc/valkey/tls/ca.crt")
+    assert args[args.index("--s3-bucket") + 1] == "my-kv-cache"
+    assert args[args.index("--s3-prefix") + 1] == "prod/llama-70b/"
+    assert tierd["envFrom"] == [{"secretRef": {"name": "lmcv-s3"}}]
+    env = {e["name"]: e for e in tierd["env"]}
+    assert env["LMCACHE_VALKEY_USERNAME"]["value"] == "lmcv-ops"
+    assert env["LMCACHE_VALKEY_PASSWORD_FILE"]["value"] == "/etc/valkey/acl/ops-password"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["acl"]["secret"]["secretName"] == "lmcv-acl"
+    assert volumes["tls"]["secret"]["secretName"] == "lmcv-tls"
+    assert volumes["hugepages"]["emptyDir"]["medium"] == "HugePages"
+    claims = {c["metadata"]["name"]: c for c in sts["spec"]["volumeClaimTemplates"]}
+    assert claims["nvme"]["spec"]["storageClassName"] == "local-nvme"
+    assert set(claims) == {"data", "nvme"}
+    (sa,) = _kind(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(":role/lmcache-valkey")
+    (job,) = _kind(docs, "Job")
+    assert "post-install" in job["metadata"]["annotations"]["helm.sh/hook"]
+    (cm,) = [c for c in _kind(docs, "ConfigMap") if "valkey.conf" in c["data"]]
+    conf = cm["data"]["valkey.conf"]
+    for line in ("cluster-enabled yes", "tls-port 6379", "port 0", "aclfile /etc/valkey/acl/users.acl",
+                 "loadmodule /modules/lmcv_blob.so provider efa threads 4", "io-threads 4"):
+        assert line in conf.splitlines(), line
+    assert "--cluster-replicas 1" in cm["data"]["cluster-init.sh"]
+    (dash,) = [c for c in _kind(docs, "ConfigMap") if "lmcache-valkey.json" in c["data"]]
+    assert dash["metadata"]["namespace"] == "monitoring"
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    json.loads(dash["data"]["lmcache-valkey.json"])
+    (pdb,) = _kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+    (np,) = _kind(docs, "NetworkPolicy")
+    ports = [p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]]
+    assert {6379, 16379, 9400, 30000} <= set(ports)
+
+
+def test_hostpath_nvme_and_module_from_image():
+    docs = _docs(_render(_load_values(CHART / "ci" / "hostpath-values.yaml")))
+    (sts,) = _kind(docs, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["nvme"]["hostPath"]["path"] == "/mnt/nvme0/lmcache-valkey"
+    assert "volumeClaimTemplates" not in sts["spec"]
+    args = pod["containers"][1]["args"]
+    assert args[args.index("--s3-endpoint-url") + 1] == "https://minio.storage.svc:9000"
+    assert "envFrom" not in pod["containers"][1]
+    assert _kind(docs, "PodDisruptionBudget") == []
+
+
+def test_service_monitor_targets_metrics():
+    values = _load_values(CHART / "ci" / "full-values.yaml")
+    docs = _docs(_render(values))
+    (sm,) = _kind(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    selector = sm["spec"]["selector"]["matchLabels"]
+    matching = [s for s in _kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()]
+    assert len(matching) == 1, "exactly one Service (the client one) is scraped"
+    assert "metrics" in [p["name"] for p in matching[0]["spec"]["ports"]]
+
+
+# --- NOTES: the LMCache snippet loads with LMCache's own loader ---------------------------------
+def _notes_snippet(values: dict) -> str:
+    notes = _render(values)["lmcache-valkey/templates/NOTES.txt"]
+    m = re.search(r"----8<----\n(.*?)---->8----", notes, re.S)
+    assert m, notes
+    return m.group(1)
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_notes_snippet_loads_in_lmcache(values, tmp_path):
+    config_mod = pytest.importorskip("lmcache.v1.config", reason="lmcache (extra 'lmcache') is not installed")
+    from lmcache_valkey.config import KNOWN_KEYS, LMCACHE_OWN_KEYS
+
+    path = tmp_path / "lmcache.yaml"
+    path.write_text(_notes_snippet(values))
+    cfg = config_mod.LMCacheEngineConfig.from_file(str(path))
+    assert cfg.remote_storage_plugins == ["valkey"]
+    assert cfg.remote_url is None  # a remote_url would add a second RemoteBackend in LMCache 0.5
+    assert cfg.remote_serde == "naive"
+    extra = cfg.extra_config
+    pre = "remote_storage_plugin.valkey."
+    assert extra[pre + "module_path"] == "lmcache_valkey.integrations.lmcache.adapter"
+    assert extra[pre + "class_name"] == "ValkeyConnectorAdapter"
+    ours = {k[len(pre):] for k in extra if k.startswith(pre)}
+    assert ours <= KNOWN_KEYS | LMCACHE_OWN_KEYS, ours - KNOWN_KEYS - LMCACHE_OWN_KEYS
+    url = extra[pre + "url"]
+    assert url.startswith("valkeys://" if values.get("tls", {}).get("enabled") else "valkey://")
+    assert f".{NAMESPACE}.svc.cluster.local:6379" in url
+
+
+# --- Grafana dashboard ---------------------------------------------------------------------------
+def _dashboard_exprs() -> list[str]:
+    dash = json.loads((CHART / "dashboards" / "lmcache-valkey.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    titles = " | ".join(p["title"] for p in dash["panels"])
+    for want in ("Hit rate by tier", "Retrieved bytes by tier", "latency p50 / p99", "Flush backlog", "breaker"):
+        assert want.lower() in titles.lower(), want
+    return exprs
+
+
+def test_dashboard_queries_use_real_metrics():
+    from lmcache_valkey import metrics
+
+    # every family the module defines, with the sample suffixes each type exposes
+    exposed = set()
+    for obj in vars(metrics).values():
+        if isinstance(obj, type):
+            continue
+        for family in getattr(obj, "describe", lambda: [])():
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}.get(family.type, [""])
+            exposed.update(family.name + sfx for sfx in suffixes)
+    assert "lmcache_valkey_hits_total" in exposed
+    for expr in _dashboard_exprs():
+        for name in set(re.findall(r"\blmcache_valkey_[a-z_]+", expr)):
+            assert name in exposed, f"{name} in {expr!r} is not a metric we export"
+
+
+def test_dashboard_promql_parses(tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: run scripts/setup.sh (Debian package 'prometheus')")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"lmcv:dashboard:expr{i}", "expr": e.replace("$__rate_interval", "5m").replace("$namespace", ".*")}
+        for i, e in enumerate(_dashboard_exprs())
+    ]}]}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+# --- the rendered Valkey config and scripts against a real valkey-server -------------------------
+def _free_port() -> int:
+    """A free port whose cluster-bus twin (+10000) is a valid port too."""
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+VALKEY_SERVER = shutil.which("valkey-server")
+VALKEY_CLI = shutil.which("valkey-cli")
+
+
+class _Pod:
+    """The chart's valkey container, run locally: same config, start.sh and probe.sh."""
+
+    def __init__(self, tmp: Path, values: dict, env: dict | None = None, files: dict | None = None):
+        self.port = _free_port()
+        values = copy.deepcopy(values)
+        values.setdefault("valkey", {})["port"] = self.port
+        docs = _docs(_render(values))
+        (cm,) = [c for c in _kind(docs, "ConfigMap") if "valkey.conf" in c["data"]]
+        self.tmp = tmp
+        etc, run, data = tmp / "etc", tmp / "run", tmp / "data"
+        for d in (etc, run, data):
+            d.mkdir(parents=True, exist_ok=True)
+
+        def localize(text: str) -> str:
+            text = text.replace("/etc/valkey/", f"{etc}/").replace("/run/valkey", str(run))
+            return re.sub(r"(?<![\w/])/data\b", str(data), text)
+
+        for name, text in cm["data"].items():
+            (etc / name).write_text(localize(text))
+        for name, text in (files or {}).items():
+            (etc / name).parent.mkdir(parents=True, exist_ok=True)
+            (etc / name).write_text(text)
+        self.etc = etc
+        self.env = {**os.environ, **{k: localize(v) for k, v in (env or {}).items()}}
+        self.log = open(tmp / "valkey.log", "wb")
+        # bind to loopback only in tests; the command line overrides valkey.conf
+        self.proc = subprocess.Popen(
+            ["/bin/sh", str(etc / "start.sh"), "--bind", "127.0.0.1"],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def probe(self, kind: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["/bin/sh", str(self.etc / "probe.sh"), kind], env={**self.env, **(env or {})},
+                              capture_output=True, timeout=30)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 30  # a hung server, not a speed threshold
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail("valkey-server exited: " + (self.tmp / "valkey.log").read_text()[-3000:])
+            if self.probe("ready").returncode == 0:
+                return
+            time.sleep(0.1)
+        pytest.fail("valkey-server never answered the readiness probe: " + (self.tmp / "valkey.log").read_text()[-3000:])
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run([VALKEY_CLI, "-h", "127.0.0.1", "-p", str(self.port), *args], env=self.env,
+                             capture_output=True, timeout=30)
+        return out.stdout.decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self.log.close()
+
+
+@pytest.fixture
+def pod_factory(tmp_path):
+    if VALKEY_SERVER is None or VALKEY_CLI is None:
+        pytest.fail("valkey-server/valkey-cli not found: run scripts/setup.sh (valkey-server, valkey-tools)")
+    pods = []
+
+    def make(values: dict, **kw) -> _Pod:
+        pod = _Pod(tmp_path / f"pod{len(pods)}", values, **kw)
+        pods.append(pod)
+        return pod
+
+    yield make
+    for pod in pods:
+        pod.stop()
+
+
+def test_rendered_config_runs_standalone(pod_factory):
+    pod = pod_factory({"valkey": {"maxmemory": "64mb", "maxmemoryPolicy": "allkeys-lfu"}})
+    pod.wait_ready()
+    assert pod.probe("live").returncode == 0
+    assert pod.cli("config", "get", "maxmemory").split() == ["maxmemory", str(64 * 1024 * 1024)]
+    assert pod.cli("config", "get", "maxmemory-policy").split() == ["maxmemory-policy", "allkeys-lfu"]
+    assert pod.cli("config", "get", "proto-max-bulk-len").split()[1] == str(512 * 1024 * 1024)
+    assert pod.cli("config", "get", "save").split() == ["save"]
+
+
+def test_rendered_config_runs_with_acl(pod_factory):
+    acl = "user default off\nuser lmcv-ops on >ops-secret ~* &* +@all\nuser team-a on >a-secret ~lmcv:team-a:* -@all +@read +@write +@connection\n"
+    values = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}}
+    env = {"SERVICE_USER": "lmcv-ops", "SERVICE_PASSWORD_FILE": "/etc/valkey/acl/ops-password",
+           "REDISCLI_AUTH": "ops-secret"}
+    pod = pod_factory(values, env=env, files={"acl/users.acl": acl, "acl/ops-password": "ops-secret\n"})
+    pod.wait_ready()
+    # the replication credentials were written for replicas
+    assert 'masterauth "ops-secret"' in (pod.tmp / "run" / "runtime.conf").read_text()
+    # the probe reports a wrong password instead of passing
+    bad = pod.probe("ready", env={"REDISCLI_AUTH": "wrong"})
+    assert bad.returncode == 1 and b"WRONGPASS" in bad.stdout + bad.stderr
+    # the tenant user is confined to its namespace
+    as_a = ["--user", "team-a", "--pass", "a-secret", "--no-auth-warning"]
+    assert pod.cli(*as_a, "set", "lmcv:team-a:x", "1").strip() == "OK"
+    assert "NOPERM" in pod.cli(*as_a, "set", "lmcv:team-b:x", "1")
+
+
+def test_rendered_config_runs_cluster_mode(pod_factory):
+    pod = pod_factory({"valkey": {"mode": "cluster"}}, env={"ANNOUNCE_HOSTNAME": "localhost"})
+    pod.wait_ready()
+    assert "cluster_enabled:1" in pod.cli("info", "cluster")
+    assert "cluster-announce-hostname localhost" in (pod.tmp / "run" / "runtime.conf").read_text()
+    assert (pod.tmp / "data" / "nodes.conf").exists()
+
+
+def test_rendered_config_loads_reference_module(pod_factory):
+    module = ROOT / "endpoint" / "build" / "lmcv_blob.so"
+    if not module.exists():
+        pytest.skip("endpoint/build/lmcv_blob.so not built (make -C endpoint)")
+    pod = pod_factory({"valkey": {"module": {"enabled": True, "source": "image", "path": str(module)}}})
+    pod.wait_ready()
+    assert "lmcv" in pod.cli("module", "list").lower()
