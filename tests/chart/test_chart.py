@@ -155,6 +155,7 @@ def test_defaults_standalone_shape():
     assert args[args.index("--nvme-budget-bytes") + 1] == "100000000000"
     assert args[args.index("--metrics-port") + 1] == "9400"
     assert "--s3-bucket" not in args
+    assert args[args.index("--tenant") + 1] == "default"
     assert tierd["livenessProbe"]["httpGet"]["path"] == "/healthz"
     claims = [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]]
     assert claims == ["nvme"]
@@ -184,6 +185,9 @@ def test_full_values_shape():
     assert args[2].startswith("valkeys://127.0.0.1:6379?tls_ca_file=/etc/valkey/tls/ca.crt")
     assert args[args.index("--s3-bucket") + 1] == "my-kv-cache"
     assert args[args.index("--s3-prefix") + 1] == "prod/llama-70b/"
+    assert args[args.index("--s3-region") + 1] == "us-west-2"
+    assert args[args.index("--tenant") + 1] == "team-a"
+    assert args[-4:] == ["--admission", "frequency", "--flush-queue-max", "4096"]
     assert tierd["envFrom"] == [{"secretRef": {"name": "lmcv-s3"}}]
     env = {e["name"]: e for e in tierd["env"]}
     assert env["LMCACHE_VALKEY_USERNAME"]["value"] == "lmcv-ops"
@@ -454,3 +458,27 @@ def test_rendered_config_loads_reference_module(pod_factory):
     pod = pod_factory({"valkey": {"module": {"enabled": True, "source": "image", "path": str(module)}}})
     pod.wait_ready()
     assert "lmcv" in pod.cli("module", "list").lower()
+
+
+# --- the chart's tierd command line is one the real CLI accepts ---------------------------------
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_tierd_args_parse_with_the_real_cli(values):
+    from lmcache_valkey.cli import build_parser
+    from lmcache_valkey.config import parse_url
+
+    (sts,) = _kind(_docs(_render(values)), "StatefulSet")
+    (tierd,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "tierd"]
+    assert tierd["command"] == ["lmcache-valkey"]
+    args = build_parser().parse_args(tierd["args"])
+    assert args.command == "tierd"
+    assert args.metrics_port == 9400
+    nodes, tls, *_ = parse_url(args.valkey_url)
+    assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", 6379)]
+    assert tls == bool(values.get("tls", {}).get("enabled"))
+    try:
+        from lmcache_valkey.tiering.service import tiering_settings_from_args
+    except ImportError:
+        return
+    ts = tiering_settings_from_args(args)
+    want = values.get("tierd", {}).get("nvme", {}).get("budgetBytes", 100000000000)
+    assert ts.nvme_budget_bytes == want
