@@ -1,0 +1,32 @@
+"""libfabric fast path: the cffi binding, the client data plane and the BLOB.* dialect.
+
+Importing this package never needs libfabric: the binding is built and loaded when a
+``FabricTransport(data_path="rma")`` or ``FabricEndpoint`` is created, and a missing
+libfabric raises ``FabricUnavailable`` saying what to install.
+
+Never imports ``lmcache`` nor the store; callers pass keys (bytes) and buffers.
+"""
+
+from lmcache_valkey.errors import FabricUnavailable
+
+from .binding import available, libfabric_version
+from .endpoint import PROVIDERS, FabricEndpoint, FabricError, MemoryRegion
+from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
+from .transport import DATA_PATHS, FabricTransport
+
+__all__ = [
+    "DATA_PATHS",
+    "PROVIDERS",
+    "FabricEndpoint",
+    "FabricError",
+    "FabricTransport",
+    "FabricUnavailable",
+    "MemoryRegion",
+    "NoFabricSession",
+    "ServerDeadline",
+    "TransferFailed",
+    "UnregisteredBuffer",
+    "WindowTooSmall",
+    "available",
+    "libfabric_version",
+]

@@ -1,0 +1,227 @@
+"""Client-side libfabric endpoint: RDM endpoint/AV/CQ for one provider, memory
+registration, and the progress thread.
+
+The client is the RMA *target*: the server's fi_write/fi_read land in or come from memory
+registered here. The progress thread parks in ``fi_cq_sread`` (the cffi call releases the
+GIL) so manual-progress providers keep moving without a spinning thread; it also reaps
+completions of operations this side initiates (the raw-bandwidth benchmark).
+Never speaks RESP; knows nothing of keys (docs/fabric-threading.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lmcache_valkey.errors import FabricUnavailable, TransportError
+
+from .binding import load
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("tcp;ofi_rxm", "sockets", "shm", "efa", "verbs;ofi_rxm")
+_PROGRESS_WAIT_MS = 100
+_POLL_MIN_US = 20
+_POLL_MAX_US = 1000
+
+
+class FabricError(TransportError):
+    """A libfabric call failed on this side (registration, posting, address insert)."""
+
+
+@dataclass
+class MemoryRegion:
+    """One registration: [addr, addr+length) is readable/writable by peers holding ``key``."""
+
+    addr: int
+    length: int
+    key: int
+    desc: Any  # cdata void*: local descriptor for operations this side initiates
+    virt_addr: bool  # FI_MR_VIRT_ADDR: peers address by virtual address, else by offset
+    cuda_device: int | None
+    _mr: Any = field(repr=False, default=None)
+    _owner: Any = field(repr=False, default=None)  # keeps a registered Python buffer alive
+
+    def contains(self, addr: int, length: int) -> bool:
+        return self.addr <= addr and addr + length <= self.addr + self.length
+
+    def remote_addr(self, addr: int) -> int:
+        """The address a peer must use for local ``addr`` (honours FI_MR_VIRT_ADDR)."""
+        return addr if self.virt_addr else addr - self.addr
+
+
+class FabricEndpoint:
+    """An open RDM endpoint plus its progress thread. Thread-safe (FI_THREAD_SAFE)."""
+
+    def __init__(self, provider: str = "tcp;ofi_rxm", node: str | None = "127.0.0.1", *, hmem: bool = False) -> None:
+        self._ffi, self._lib = load()
+        ffi, lib = self._ffi, self._lib
+        err = ffi.new("char[512]")
+        # shm names its endpoints itself; an IP as its node would make processes collide.
+        use_node = node if node and not provider.startswith("shm") else None
+        ep = lib.lmcv_ep_open(provider.encode(), use_node.encode() if use_node else ffi.NULL, int(hmem), err, 512)
+        if ep == ffi.NULL:
+            raise FabricUnavailable(f"cannot open libfabric provider {provider!r}: {ffi.string(err).decode()}")
+        self._ep = ep
+        self.provider = ffi.string(lib.lmcv_ep_provider(ep)).decode()
+        self.mr_mode = int(lib.lmcv_ep_mr_mode(ep))
+        self.max_msg_size = int(lib.lmcv_ep_max_msg(ep))
+        self.delivery_complete = bool(lib.lmcv_ep_delivery_complete(ep))
+        self.waitable = bool(lib.lmcv_ep_waitable(ep))
+        self.hmem = hmem
+        buf, n = ffi.new("char[512]"), ffi.new("size_t *", 512)
+        rc = lib.lmcv_ep_name(ep, buf, n)
+        if rc:
+            lib.lmcv_ep_close(ep)
+            raise FabricUnavailable(f"fi_getname: {self.strerror(rc)}")
+        self.name: bytes = ffi.buffer(buf, n[0])[:]
+        self._keys = itertools.count(1)
+        self._regions: list[MemoryRegion] = []
+        self._peers: dict[bytes, int] = {}
+        self._callbacks: dict[int, Callable[[int], None]] = {}
+        self._ctx_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._progress, name=f"fabric-progress-{self.provider}", daemon=True)
+        self._thread.start()
+
+    # -- memory -------------------------------------------------------------------------
+
+    def register(self, addr: int, length: int, *, cuda_device: int | None = None, owner: Any = None) -> MemoryRegion:
+        """Registers [addr, addr+length) once for remote read/write (host, or CUDA with FI_HMEM).
+
+        The CUDA path needs an endpoint opened with ``hmem=True`` on a provider offering
+        FI_HMEM; it is coded but untested here (no GPU in CI)."""
+        if length <= 0:
+            raise ValueError("length must be positive")
+        if cuda_device is not None and not self.hmem:
+            raise FabricUnavailable("CUDA registration needs FabricEndpoint(..., hmem=True) on an FI_HMEM provider")
+        ffi, lib = self._ffi, self._lib
+        mr, key, desc = ffi.new("struct fid_mr **"), ffi.new("uint64_t *"), ffi.new("void **")
+        iface = 1 if cuda_device is not None else 0
+        rc = lib.lmcv_mr_reg(self._ep, ffi.cast("void *", addr), length, iface, cuda_device or 0, next(self._keys), mr, key, desc)
+        if rc:
+            raise FabricError(f"fi_mr_reg({length} bytes at {addr:#x}): {self.strerror(rc)}")
+        region = MemoryRegion(addr, length, int(key[0]), desc[0], bool(self.mr_mode & lib.FI_MR_VIRT_ADDR), cuda_device, mr[0], owner)
+        with self._lock:
+            self._regions.append(region)
+        return region
+
+    def register_buffer(self, buf: Any) -> MemoryRegion:
+        """Registers a writable Python buffer (bytearray, memoryview, numpy array...)."""
+        cdata = self._ffi.from_buffer(buf, require_writable=True)
+        addr = int(self._ffi.cast("uintptr_t", cdata))
+        return self.register(addr, len(cdata), owner=(buf, cdata))
+
+    def deregister(self, region: MemoryRegion) -> None:
+        with self._lock:
+            if region in self._regions:
+                self._regions.remove(region)
+            else:
+                return
+        self._lib.lmcv_mr_close(region._mr)
+
+    def find_region(self, addr: int, length: int) -> MemoryRegion | None:
+        with self._lock:
+            for r in self._regions:
+                if r.contains(addr, length):
+                    return r
+        return None
+
+    def address_of(self, buf: Any) -> tuple[int, int, Any]:
+        """(address, length, keepalive) of a Python buffer, read-only buffers included."""
+        cdata = self._ffi.from_buffer(buf)
+        return int(self._ffi.cast("uintptr_t", cdata)), len(cdata), cdata
+
+    # -- peers and initiator-side operations (benchmark, tests) ---------------------------
+
+    def add_peer(self, name: bytes) -> int:
+        with self._lock:
+            if name in self._peers:
+                return self._peers[name]
+        out = self._ffi.new("uint64_t *")
+        rc = self._lib.lmcv_ep_av_insert(self._ep, name, out)
+        if rc:
+            raise FabricError(f"fi_av_insert: {self.strerror(rc)}")
+        with self._lock:
+            self._peers[name] = int(out[0])
+        return int(out[0])
+
+    def post(self, op: str, local_addr: int, length: int, region: MemoryRegion, peer: int, raddr: int, rkey: int,
+             done: Callable[[int], None]) -> bool:
+        """Posts one fi_write ("write") or fi_read ("read"); ``done(err)`` runs on the progress
+        thread. Returns False when the provider queue is full (try again later)."""
+        cid = next(self._ctx_ids)
+        with self._lock:
+            self._callbacks[cid] = done
+        fn = self._lib.lmcv_ep_write if op == "write" else self._lib.lmcv_ep_read
+        rc = fn(self._ep, self._ffi.cast("void *", local_addr), length, region.desc, peer, raddr, rkey, self._ffi.cast("void *", cid))
+        if rc == 0:
+            return True
+        with self._lock:
+            self._callbacks.pop(cid, None)
+        if rc == -self._lib.FI_EAGAIN:
+            return False
+        raise FabricError(f"fi_{op}: {self.strerror(rc)}")
+
+    # -- progress and teardown -----------------------------------------------------------
+
+    def _progress(self) -> None:
+        ffi, lib = self._ffi, self._lib
+        ctxs, errs = ffi.new("void *[64]"), ffi.new("int[64]")
+        backoff_us = _POLL_MIN_US
+        while not self._closing:
+            # Waitable CQ: park in fi_cq_sread. Poll-only (shm): sleep with a back-off that
+            # resets on activity, so an idle endpoint wakes ~1000x/s at most.
+            timeout = _PROGRESS_WAIT_MS if self.waitable else -backoff_us
+            n = lib.lmcv_ep_wait(self._ep, timeout, ctxs, errs, 64)
+            backoff_us = _POLL_MIN_US if n > 0 or self._callbacks else min(backoff_us * 2, _POLL_MAX_US)
+            if n < 0:
+                log.warning("fabric progress: %s", self.strerror(n))
+                continue
+            for i in range(n):
+                cid = int(ffi.cast("uintptr_t", ctxs[i]))
+                with self._lock:
+                    cb = self._callbacks.pop(cid, None)
+                if cb is not None:
+                    try:
+                        cb(int(errs[i]))
+                    except Exception:  # a callback bug must not kill progress
+                        log.exception("fabric completion callback failed")
+
+    def crc32c(self, views: list[memoryview], length: int) -> int:
+        """CRC32C of the first ``length`` bytes across ``views`` (GIL released)."""
+        crc = 0
+        for v in views:
+            if length <= 0:
+                break
+            n = min(len(v), length)
+            crc = int(self._lib.lmcv_crc32c(crc, self._ffi.from_buffer(v), n))
+            length -= n
+        return crc
+
+    def strerror(self, rc: int) -> str:
+        return self._ffi.string(self._lib.lmcv_strerror(rc)).decode()
+
+    def close(self) -> None:
+        """Stops the progress thread, deregisters every region and closes the endpoint."""
+        if self._closing:
+            return
+        self._closing = True
+        self._lib.lmcv_ep_signal(self._ep)
+        self._thread.join()
+        with self._lock:
+            regions, self._regions = self._regions, []
+        for r in regions:
+            self._lib.lmcv_mr_close(r._mr)
+        self._lib.lmcv_ep_close(self._ep)
+        self._ep = None
+
+    def __enter__(self) -> "FabricEndpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,47 @@
+"""Errors specific to the fabric path, all subclasses of ``lmcache_valkey.errors``."""
+
+from __future__ import annotations
+
+from lmcache_valkey.errors import DeadlineExceeded, FabricUnavailable, ServerError, TransportError
+
+__all__ = [
+    "FabricUnavailable",
+    "NoFabricSession",
+    "WindowTooSmall",
+    "TransferFailed",
+    "ServerDeadline",
+    "UnregisteredBuffer",
+]
+
+
+class NoFabricSession(ServerError):
+    """The server saw no BLOB.HELLO on this connection (NOHELLO)."""
+
+    cause = "nohello"
+
+
+class WindowTooSmall(ServerError):
+    """The buffers offered are smaller than the object (BADWINDOW); nothing moved."""
+
+    cause = "window"
+
+
+class TransferFailed(ServerError):
+    """The server's fi_write/fi_read failed (bad rkey, peer gone...); all its ops drained."""
+
+    cause = "fabric"
+
+
+class ServerDeadline(DeadlineExceeded):
+    """The server stopped a transfer at its deadline. ``inflight`` operations it had
+    posted may still complete into or out of the client's buffers."""
+
+    def __init__(self, message: str, inflight: int) -> None:
+        super().__init__(message)
+        self.inflight = inflight
+
+
+class UnregisteredBuffer(TransportError, ValueError):
+    """A buffer handed to the fabric transport lies outside every registered region."""
+
+    cause = "unregistered"
