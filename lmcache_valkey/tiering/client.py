@@ -1,0 +1,205 @@
+"""TierClient: the worker-side API of tiering, the same for both placements.
+
+The store calls (see ``lmcache_valkey.store.TierHints``)::
+
+    ok = await tiers.promote(data_key, timeout=remaining)   # True: the chunk is in RAM now
+    await tiers.note_put(data_key, nbytes)                  # after a successful put (cheap)
+    await tiers.note_hit(data_key)                          # after a RAM hit (cheap)
+
+and, for a coordinated delete across every tier, ``await tiers.delete(keys)``.
+
+- embedded: ``TierClient.embedded(manager)`` calls the in-process :class:`TierManager`.
+- service: ``TierClient.remote(resp_client, settings)`` talks to ``tierd`` through Valkey
+  lists (docs/tiering-promotion.md): promotion requests are RPUSHed to the tenant's request
+  list; one listener task per worker BLPOPs the worker's reply list and resolves waiters;
+  hints are batched (one RPUSH per ~50 ms or 256 hints), bounded, and dropped (counted)
+  when Valkey is unreachable.
+
+Never imports: aiobotocore, the store, the integrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Sequence
+
+from ..config import Settings
+from ..errors import TransportError
+from . import protocol
+from .manager import TierManager, new_worker_id
+
+log = logging.getLogger(__name__)
+
+HINT_BATCH = 256
+HINT_DELAY_S = 0.05
+HINT_MAX = 16384
+
+
+class TierClient:
+    """Use :meth:`embedded` or :meth:`remote` to construct."""
+
+    def __init__(self, *, manager: TierManager | None = None, valkey: Any = None,
+                 settings: Settings | None = None, tenant: str | None = None) -> None:
+        self.manager = manager
+        self.valkey = valkey
+        self.settings = settings
+        if manager is None:
+            if valkey is None or settings is None:
+                raise ValueError("a remote TierClient needs a RespClient and Settings")
+            self.tenant = tenant or settings.tenant
+            self.key_prefix = settings.key_prefix
+            self.worker_id = new_worker_id()
+            self._req = protocol.request_key(self.key_prefix, self.tenant)
+            self._rep = protocol.reply_key(self.key_prefix, self.tenant, self.worker_id)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._puts: list[tuple[bytes, int]] = []
+        self._hits: list[bytes] = []
+        self._hint_task: asyncio.Task[None] | None = None
+        self.stats = {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0}
+
+    @classmethod
+    def embedded(cls, manager: TierManager) -> "TierClient":
+        return cls(manager=manager)
+
+    @classmethod
+    def remote(cls, valkey: Any, settings: Settings, *, tenant: str | None = None) -> "TierClient":
+        return cls(valkey=valkey, settings=settings, tenant=tenant)
+
+    # --- the store's API -------------------------------------------------------------------
+    async def promote(self, data_key: bytes, *, timeout: float) -> bool:
+        """True once the chunk is back in Valkey RAM; False = miss (absent, corrupt, deadline)."""
+        self.stats["promote_requests"] += 1
+        if timeout <= 0:
+            self.stats["promote_miss"] += 1
+            return False
+        if self.manager is not None:
+            ok = await self.manager.promote(data_key, timeout=timeout)
+        else:
+            try:
+                r = await self._call("promote", {"key": data_key}, timeout)
+                ok = bool(r)
+            except (TransportError, asyncio.TimeoutError, RuntimeError):
+                ok = False
+        self.stats["promote_ok" if ok else "promote_miss"] += 1
+        return ok
+
+    async def note_put(self, data_key: bytes, nbytes: int) -> None:
+        if self.manager is not None:
+            self.manager.note_put(data_key, nbytes)
+            return
+        self._puts.append((data_key, int(nbytes)))
+        self._hint_soon()
+
+    async def note_hit(self, data_key: bytes) -> None:
+        if self.manager is not None:
+            self.manager.note_hit(data_key)
+            return
+        self._hits.append(data_key)
+        self._hint_soon()
+
+    async def delete(self, data_keys: Sequence[bytes], *, timeout: float = 5.0) -> int:
+        """Coordinated delete: RAM value, marker, and every lower-tier copy."""
+        if self.manager is not None:
+            return await self.manager.delete(list(data_keys))
+        return int(await self._call("delete", {"keys": list(data_keys)}, timeout) or 0)
+
+    # --- control (CLI) ---------------------------------------------------------------------
+    async def control(self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
+        """Run a control op (stats, evict, drain) on the manager, wherever it runs."""
+        args = args or {}
+        if self.manager is not None:
+            m = self.manager
+            if op == "stats":
+                return m.stats()
+            if op == "evict":
+                return await m.evict(args["tier"], keys=args.get("keys"), prefix=args.get("prefix"))
+            if op == "drain":
+                return await m.flush(float(args.get("timeout_s", timeout)))
+            raise ValueError(f"unknown control op {op!r}")
+        return await self._call(op, args, timeout)
+
+    async def close(self) -> None:
+        if self.manager is None:
+            await self._send_hints()
+        for t in (self._listener, self._hint_task):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        for f in self._waiting.values():
+            if not f.done():
+                f.cancel()
+        self._waiting.clear()
+
+    # --- remote plumbing -------------------------------------------------------------------
+    async def _call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        rid = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = fut
+        try:
+            msg = {"op": op, "id": rid, "reply": self._rep, "ttl_ms": max(1, int(timeout * 1000)), **args}
+            t0 = time.monotonic()
+            await self.valkey.command(b"RPUSH", self._req, protocol.pack(msg), key=self._req, timeout=timeout)
+            if self._listener is None or self._listener.done():
+                self._listener = asyncio.create_task(self._listen(), name="lmcv-tier-replies")
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise asyncio.TimeoutError
+            ok, result = await asyncio.wait_for(fut, left)
+            if not ok:
+                raise RuntimeError(f"tierd: {op} failed: {result}")
+            return result
+        finally:
+            self._waiting.pop(rid, None)
+
+    async def _listen(self) -> None:
+        """One BLPOP loop per worker process: resolve waiters by request id."""
+        timeout = self.settings.op_timeout_s
+        while self._waiting:
+            try:
+                r = await self.valkey.command(b"BLPOP", self._rep, 0.5, key=self._rep, timeout=0.5 + timeout)
+            except TransportError as e:
+                log.debug("tier client: reply list unavailable: %s", e)
+                await asyncio.sleep(0.05)
+                continue
+            if not r:
+                continue
+            try:
+                msg = protocol.unpack(r[1])
+            except Exception:  # noqa: BLE001
+                continue
+            fut = self._waiting.get(msg.get("id"))
+            if fut is not None and not fut.done():
+                fut.set_result((bool(msg.get("ok")), msg.get("result")))
+
+    def _hint_soon(self) -> None:
+        over = len(self._puts) + len(self._hits) - HINT_MAX
+        if over > 0:
+            self.stats["hints_dropped"] += over
+            del self._hits[: min(over, len(self._hits))]
+        if len(self._puts) + len(self._hits) >= HINT_BATCH:
+            asyncio.ensure_future(self._send_hints())
+        elif self._hint_task is None or self._hint_task.done():
+            self._hint_task = asyncio.ensure_future(self._hint_later())
+
+    async def _hint_later(self) -> None:
+        await asyncio.sleep(HINT_DELAY_S)
+        await self._send_hints()
+
+    async def _send_hints(self) -> None:
+        if not (self._puts or self._hits):
+            return
+        puts, hits = self._puts, self._hits
+        self._puts, self._hits = [], []
+        msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits}
+        try:
+            await self.valkey.command(b"RPUSH", self._req, protocol.pack(msg), key=self._req,
+                                      timeout=self.settings.op_timeout_s)
+            self.stats["hints_sent"] += len(puts) + len(hits)
+        except TransportError as e:
+            self.stats["hints_dropped"] += len(puts) + len(hits)
+            log.debug("tier client: hints dropped: %s", e)

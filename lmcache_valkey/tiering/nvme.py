@@ -1,0 +1,451 @@
+"""NVMe (warm) tier: one file per chunk in a fan-out directory, O_DIRECT, crash-safe.
+
+File layout (all offsets 4096-aligned so that O_DIRECT works)::
+
+    0      512 B   the chunk's codec header, verbatim (lmcache_valkey.codec)
+    512    ...     tier record: magic b"LMCT", version, key length, CRC32C, value length,
+                   expires (Unix ms, 0 = never), the Valkey data key
+    4096   ...     payload, zero-padded to a multiple of 4096
+
+The file is self-describing: :meth:`NvmeTier.start` rebuilds the index by reading the
+first block of each file. Writes go to ``<name>.tmp.<rand>``, are fsynced, renamed over the
+final name, and the directory is fsynced: a crash leaves either the old state or the new
+file, never a torn one (stale temp files are removed at start). Reads verify header, tier
+record and payload CRC32C; a bad file is a counted miss and is removed.
+
+All file I/O runs in a thread pool. Buffers are anonymous ``mmap`` (page aligned). Where
+the filesystem refuses O_DIRECT (tmpfs), the tier falls back to buffered I/O and logs a
+warning once. A byte budget with LRU eviction bounds the directory; a write that does not
+fit (budget, or ENOSPC from the filesystem) is refused and counted.
+
+Never imports: aiobotocore, a transport, the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import logging
+import mmap
+import os
+import struct
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .. import codec
+from ..errors import CorruptChunk
+from . import _metrics
+from .index import Pins
+
+log = logging.getLogger(__name__)
+
+BLOCK = 4096
+PRELUDE = BLOCK
+_REC = struct.Struct("<4sHHIQQ")  # magic, version, key_len, crc, value_len, expires_ms
+_REC_MAGIC = b"LMCT"
+_REC_VERSION = 1
+_KEY_MAX = PRELUDE - codec.HEADER_SIZE - _REC.size
+_IO_PIECE = 64 << 20  # bytes per read/write syscall
+
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _align(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK * BLOCK
+
+
+def aligned_buffer(n: int) -> mmap.mmap:
+    """A page-aligned, zeroed buffer of at least ``n`` bytes (rounded up to BLOCK)."""
+    return mmap.mmap(-1, max(_align(n), BLOCK))
+
+
+@dataclass
+class NvmeEntry:
+    key: bytes
+    value_len: int
+    disk_bytes: int
+    mtime: float
+    expires_ms: int = 0
+
+
+def _encode_record(key: bytes, value_len: int, expires_ms: int) -> bytes:
+    if len(key) > _KEY_MAX:
+        raise ValueError(f"data key of {len(key)} bytes is longer than {_KEY_MAX}")
+    body = _REC.pack(_REC_MAGIC, _REC_VERSION, len(key), 0, value_len, expires_ms) + key
+    crc = codec.crc32c(body)
+    return _REC.pack(_REC_MAGIC, _REC_VERSION, len(key), crc, value_len, expires_ms) + key
+
+
+def _decode_prelude(block: memoryview) -> tuple[bytes, int, int, codec.Header]:
+    """(data key, value length, expires_ms, codec header) or raise CorruptChunk."""
+    if block.nbytes < PRELUDE:
+        raise CorruptChunk("truncated", "short prelude")
+    header = codec.decode_header(block[: codec.HEADER_SIZE])
+    magic, ver, klen, crc, vlen, exp = _REC.unpack_from(block, codec.HEADER_SIZE)
+    if magic != _REC_MAGIC or ver != _REC_VERSION or klen > _KEY_MAX:
+        raise CorruptChunk("foreign", "bad tier record")
+    start = codec.HEADER_SIZE + _REC.size
+    key = bytes(block[start : start + klen])
+    body = bytearray(block[codec.HEADER_SIZE : start + klen])
+    struct.pack_into("<I", body, 8, 0)
+    if codec.crc32c(body) != crc:
+        raise CorruptChunk("crc", "tier record checksum mismatch")
+    if vlen != codec.HEADER_SIZE + header.payload_len:
+        raise CorruptChunk("truncated", "tier record length disagrees with header")
+    return key, vlen, exp, header
+
+
+class NvmeTier:
+    tier = "nvme"
+
+    def __init__(
+        self,
+        root: str,
+        budget_bytes: int,
+        *,
+        direct: bool = True,
+        threads: int = 4,
+        on_evict: Callable[[bytes], None] | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.budget = budget_bytes
+        self.want_direct = direct and bool(O_DIRECT)
+        self.direct = False
+        self.fsync = fsync
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lmcv-nvme")
+        self._lru: OrderedDict[bytes, NvmeEntry] = OrderedDict()
+        self._used = 0
+        self._reserved = 0
+        self._writing: dict[bytes, asyncio.Future] = {}
+        self.pins = Pins()
+        self.on_evict = on_evict
+        self.stats = {
+            "writes": 0, "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "evicted": 0,
+            "refused_budget": 0, "refused_enospc": 0, "write_errors": 0, "bytes_written": 0, "bytes_read": 0,
+        }
+
+    # --- paths ---------------------------------------------------------------------------
+    def path_of(self, key: bytes) -> str:
+        h = hashlib.blake2b(key, digest_size=16).hexdigest()
+        return os.path.join(self.root, h[:2], h[2:4], h)
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> list[NvmeEntry]:
+        """Create the directory, probe O_DIRECT, rebuild the index from file headers."""
+        os.makedirs(self.root, exist_ok=True)
+        self.direct = self.want_direct and await self._run(self._probe_direct)
+        if self.want_direct and not self.direct:
+            log.warning("nvme tier: %s refuses O_DIRECT; using buffered I/O (slower, page cache)", self.root)
+        entries, corrupt = await self._run(self._scan)
+        for e in sorted(entries, key=lambda e: e.mtime):
+            self._lru[e.key] = e
+            self._used += e.disk_bytes
+        self.stats["corrupt"] += corrupt
+        for _ in range(corrupt):
+            _metrics.record_miss(self.tier, "crc")
+        self._usage()
+        return entries
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _probe_direct(self) -> bool:
+        if not O_DIRECT:
+            return False
+        path = os.path.join(self.root, f".probe.{os.getpid()}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | O_DIRECT, 0o600)
+        except OSError:
+            return False
+        try:
+            buf = aligned_buffer(BLOCK)
+            os.write(fd, buf)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _scan(self) -> tuple[list[NvmeEntry], int]:
+        entries: list[NvmeEntry] = []
+        corrupt = 0
+        buf = aligned_buffer(PRELUDE)
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                if ".tmp." in name or name.startswith(".probe."):
+                    _unlink(path)  # a write that never committed
+                    continue
+                try:
+                    st = os.stat(path)
+                    n = self._pread_into(path, memoryview(buf), 0, PRELUDE)
+                    key, vlen, exp, _h = _decode_prelude(memoryview(buf)[:n])
+                    if self.path_of(key) != path:
+                        raise CorruptChunk("foreign", "file name does not match its key")
+                    if st.st_size < PRELUDE + vlen - codec.HEADER_SIZE:
+                        raise CorruptChunk("truncated", "file shorter than its header says")
+                except (CorruptChunk, OSError) as e:
+                    log.warning("nvme tier: removing unreadable chunk file %s (%s)", path, e)
+                    corrupt += 1
+                    _unlink(path)
+                    continue
+                entries.append(NvmeEntry(key, vlen, st.st_size, st.st_mtime, exp))
+        return entries, corrupt
+
+    # --- queries ---------------------------------------------------------------------------
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._lru
+
+    def value_len(self, key: bytes) -> int | None:
+        e = self._lru.get(key)
+        return e.value_len if e else None
+
+    def entries(self) -> list[NvmeEntry]:
+        return list(self._lru.values())
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def _usage(self) -> None:
+        _metrics.set_tier_usage(self.tier, self._used, self.budget)
+
+    # --- write -----------------------------------------------------------------------------
+    async def write(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0) -> bool:
+        """Store a chunk value (codec header + payload, possibly split in ``parts``).
+
+        Returns True when the file is durable; False when refused (budget, ENOSPC, error)."""
+        if key in self._lru:
+            return True
+        if key in self._writing:
+            return await asyncio.shield(self._writing[key])
+        views = [memoryview(p).cast("B") for p in parts]
+        value_len = sum(v.nbytes for v in views)
+        disk = PRELUDE + _align(value_len - codec.HEADER_SIZE)
+        if value_len < codec.HEADER_SIZE:
+            raise ValueError("a chunk value is at least its header")
+        if not self._make_room(disk):
+            self.stats["refused_budget"] += 1
+            _metrics.record_admission(self.tier, False)
+            _metrics.record_error("demote", "overflow")
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        self._writing[key] = fut
+        self._reserved += disk
+        ok = False
+        t0 = time.perf_counter()
+        try:
+            ok = await self._run(self._write_file, key, views, value_len, disk, expires_ms)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.stats["refused_enospc"] += 1
+                _metrics.record_admission(self.tier, False)
+                log.warning("nvme tier: disk full, chunk refused (%s)", e)
+            else:
+                self.stats["write_errors"] += 1
+                log.warning("nvme tier: write failed: %s", e)
+            _metrics.record_error("demote", "io")
+        finally:
+            self._reserved -= disk
+            del self._writing[key]
+            fut.set_result(ok)
+        if ok:
+            self._lru[key] = NvmeEntry(key, value_len, disk, time.time(), expires_ms)
+            self._used += disk
+            self.stats["writes"] += 1
+            self.stats["bytes_written"] += value_len
+            _metrics.record_admission(self.tier, True)
+            _metrics.record_put(self.tier, value_len, True)
+            _metrics.observe_latency("demote", self.tier, time.perf_counter() - t0)
+            self._usage()
+        return ok
+
+    def _make_room(self, need: int) -> bool:
+        if need > self.budget:
+            return False
+        for key in list(self._lru):
+            if self._used + self._reserved + need <= self.budget:
+                break
+            if self.pins.pinned(key):
+                continue
+            self._drop(key, evicted=True)
+        return self._used + self._reserved + need <= self.budget
+
+    def _write_file(self, key: bytes, views: list[memoryview], value_len: int, disk: int, expires_ms: int) -> bool:
+        path = self.path_of(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        buf = aligned_buffer(disk)
+        header = bytearray(codec.HEADER_SIZE)
+        # Gather the value: first HEADER_SIZE bytes -> header, the rest -> payload at PRELUDE.
+        pos = 0
+        for v in views:
+            n = v.nbytes
+            if pos < codec.HEADER_SIZE:
+                h = min(n, codec.HEADER_SIZE - pos)
+                header[pos : pos + h] = v[:h]
+                if n > h:
+                    buf[PRELUDE : PRELUDE + n - h] = v[h:]
+            else:
+                off = PRELUDE + pos - codec.HEADER_SIZE
+                buf[off : off + n] = v
+            pos += n
+        buf[: codec.HEADER_SIZE] = header
+        rec = _encode_record(key, value_len, expires_ms)
+        buf[codec.HEADER_SIZE : codec.HEADER_SIZE + len(rec)] = rec
+        tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
+        flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL | (O_DIRECT if self.direct else 0)
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            mv = memoryview(buf)
+            off = 0
+            while off < disk:
+                n = os.pwrite(fd, mv[off : min(disk, off + _IO_PIECE)], off)
+                off += n
+            if self.fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        if self.fsync:
+            dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return True
+
+    # --- read ------------------------------------------------------------------------------
+    def _pread_into(self, path: str, dest: memoryview, offset: int, length: int) -> int:
+        """Read ``length`` bytes at ``offset`` (both BLOCK-aligned) into aligned ``dest``."""
+        fd = os.open(path, os.O_RDONLY | (O_DIRECT if self.direct else 0))
+        try:
+            done = 0
+            while done < length:
+                n = os.preadv(fd, [dest[done : min(length, done + _IO_PIECE)]], offset + done)
+                if n <= 0:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(fd)
+
+    def _read_file(self, key: bytes, e: NvmeEntry) -> tuple[mmap.mmap, codec.Header]:
+        path = self.path_of(key)
+        buf = aligned_buffer(e.disk_bytes)
+        mv = memoryview(buf)
+        try:
+            n = self._pread_into(path, mv, 0, e.disk_bytes)
+            pkey, vlen, _exp, header = _decode_prelude(mv[:n])
+            if pkey != key:
+                raise CorruptChunk("foreign", "file holds another key")
+            plen = header.payload_len
+            if n < PRELUDE + plen:
+                raise CorruptChunk("truncated", f"file holds {n - PRELUDE} payload bytes, header says {plen}")
+            if codec.crc32c(mv[PRELUDE : PRELUDE + plen]) != header.payload_crc:
+                raise CorruptChunk("crc", "payload checksum mismatch")
+            return buf, header
+        finally:
+            mv.release()
+
+    async def read_value(self, key: bytes) -> tuple[memoryview, memoryview] | None:
+        """The chunk's (codec header, payload) as views of one aligned buffer, or None.
+
+        Verified (header, tier record, CRC32C). A corrupt file is counted and removed."""
+        e = self._lru.get(key)
+        if e is None:
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, "absent")
+            return None
+        self._lru.move_to_end(key)
+        self.stats["reads"] += 1
+        t0 = time.perf_counter()
+        with self.pins.pin(key):
+            try:
+                buf, header = await self._run(self._read_file, key, e)
+            except CorruptChunk as c:
+                self._corrupt(key, c)
+                return None
+            except FileNotFoundError:
+                self._drop(key)
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, "absent")
+                return None
+            except OSError as err:
+                log.warning("nvme tier: read of %s failed: %s", self.path_of(key), err)
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, "error")
+                return None
+        mv = memoryview(buf)
+        self.stats["hits"] += 1
+        self.stats["bytes_read"] += e.value_len
+        _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
+        return mv[: codec.HEADER_SIZE], mv[PRELUDE : PRELUDE + header.payload_len]
+
+    async def read_into(self, key: bytes, dest: memoryview) -> codec.Header | None:
+        """Read the payload into ``dest`` (exactly the payload length); returns the header."""
+        got = await self.read_value(key)
+        if got is None:
+            return None
+        hdr, payload = got
+        dest = memoryview(dest).cast("B")
+        if dest.nbytes != payload.nbytes:
+            _metrics.record_miss(self.tier, "oversized")
+            return None
+        dest[:] = payload
+        return codec.decode_header(hdr)
+
+    def _corrupt(self, key: bytes, c: CorruptChunk) -> None:
+        log.warning("nvme tier: corrupt chunk file %s (%s); removed", self.path_of(key), c)
+        self.stats["corrupt"] += 1
+        self.stats["misses"] += 1
+        _metrics.record_miss(self.tier, c.reason)
+        self._drop(key, evicted=True)
+
+    # --- remove ----------------------------------------------------------------------------
+    def _drop(self, key: bytes, *, evicted: bool = False) -> None:
+        e = self._lru.pop(key, None)
+        if e is None:
+            return
+        self._used -= e.disk_bytes
+        if evicted:
+            self.stats["evicted"] += 1
+        path = self.path_of(key)
+        if not self.pins.defer(key, lambda: _unlink(path)):
+            _unlink(path)
+        self._usage()
+        if self.on_evict is not None:
+            self.on_evict(key)
+
+    async def remove(self, key: bytes) -> bool:
+        """Delete a chunk's file (deferred while a read holds it). True if it was present."""
+        present = key in self._lru
+        e = self._lru.pop(key, None)
+        if e is not None:
+            self._used -= e.disk_bytes
+            path = self.path_of(key)
+            if not self.pins.defer(key, lambda: _unlink(path)):
+                await self._run(_unlink, path)
+            self._usage()
+        return present
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,493 @@
+"""Object (cold) tier on S3-compatible storage. The only module that imports aiobotocore.
+
+- Credentials: the standard AWS chain (env, profile, IMDS/IRSA); ``endpoint_url`` for
+  S3-compatible stores (MinIO, Ceph, moto).
+- Layout: ``<s3_prefix>/<tenant>/<key prefix>/<namespace digest>/<chunk id>``, one object
+  per chunk holding the Valkey value verbatim (codec header + payload). The object key
+  alone maps back to the data key; metadata ``lmcv-key``/``lmcv-len``/``lmcv-exp`` is
+  written too. A listing therefore rebuilds the index after a restart.
+- Writes are write-behind: :meth:`enqueue` puts the value on a bounded queue (backlog is a
+  metric); a full queue drops the chunk, counted and logged, never silently. Durability
+  starts when the upload completes (``on_durable`` is called). :meth:`flush` drains.
+- Large values use multipart upload; large reads use parallel ranged GETs into one buffer.
+- Conditional put (``If-None-Match: *``) keeps concurrent writers from clobbering; a store
+  that refuses the header is remembered and written to without it.
+- Retries with exponential backoff and a circuit breaker: while open, reads are misses at
+  once and uploads wait in the queue.
+
+botocore/aiohttp errors are mapped here to :mod:`lmcache_valkey.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
+
+import aiobotocore.session
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import codec
+from ..errors import ConnectionLost, CorruptChunk, DeadlineExceeded, TransportError
+from . import _metrics
+from .index import Pins, split_data_key
+from .policy import CircuitBreaker
+from .settings import TieringSettings
+
+log = logging.getLogger(__name__)
+
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument"}
+
+
+def _map_error(e: BaseException) -> TransportError:
+    if isinstance(e, TransportError):
+        return e
+    if isinstance(e, asyncio.TimeoutError):
+        return DeadlineExceeded(f"object store: {e}")
+    if isinstance(e, ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        return TransportError(f"object store: {code}: {e}")
+    return ConnectionLost(f"object store: {type(e).__name__}: {e}")
+
+
+def _code(e: BaseException) -> str:
+    if isinstance(e, ClientError):
+        return str(e.response.get("Error", {}).get("Code", "")) or str(
+            e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+        )
+    return ""
+
+
+@dataclass
+class ObjectInfo:
+    key: bytes  # the Valkey data key
+    value_len: int
+    mtime: float
+    expires_ms: int = 0
+
+
+@dataclass
+class _Item:
+    key: bytes
+    value: memoryview
+    expires_ms: int
+    queued_at: float
+
+
+class ObjectTier:
+    tier = "s3"
+
+    def __init__(
+        self,
+        ts: TieringSettings,
+        *,
+        on_durable: Callable[[bytes, int, int], None] | None = None,
+        is_wanted: Callable[[bytes], bool] | None = None,
+        on_gone: Callable[[bytes], None] | None = None,
+    ) -> None:
+        if not ts.s3_bucket:
+            raise ValueError("object tier needs s3_bucket")
+        self.ts = ts
+        self.bucket = ts.s3_bucket
+        self.prefix = ts.s3_prefix.strip("/")
+        self.on_durable = on_durable
+        self.is_wanted = is_wanted or (lambda key: True)
+        self.on_gone = on_gone
+        self.breaker = CircuitBreaker(ts.breaker_failures, ts.breaker_reset_s,
+                                      on_change=lambda s: _metrics.set_breaker_state(self.tier, s))
+        self.pins = Pins()
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue(ts.flush_queue_max)
+        self._holding = 0  # items taken off the queue but not finished
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers: list[asyncio.Task] = []
+        self._stack = contextlib.AsyncExitStack()
+        self._client = None
+        self._conditional = True
+        self._sem = asyncio.Semaphore(ts.s3_concurrency)
+        self.stats = {
+            "enqueued": 0, "dropped": 0, "uploaded": 0, "upload_failures": 0, "retries": 0,
+            "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "deleted": 0, "bytes_uploaded": 0,
+            "bytes_read": 0, "breaker_rejections": 0, "conditional_exists": 0, "multipart": 0,
+        }
+
+    # --- naming ----------------------------------------------------------------------------
+    def object_key(self, data_key: bytes) -> str:
+        try:
+            prefix, tenant, digest, cid = split_data_key(data_key)
+            return f"{self.prefix}/{tenant}/{prefix}/{digest}/{cid}"
+        except ValueError:
+            enc = base64.urlsafe_b64encode(data_key).decode().rstrip("=")
+            return f"{self.prefix}/_/raw/{enc}"
+
+    def data_key_of(self, object_key: str) -> bytes | None:
+        rest = object_key[len(self.prefix) + 1 :] if object_key.startswith(self.prefix + "/") else None
+        if rest is None:
+            return None
+        parts = rest.split("/")
+        if len(parts) == 4 and parts[0] != "_":
+            tenant, prefix, digest, cid = parts
+            return f"{prefix}:{tenant}:{digest}:c:{{{cid}}}".encode()
+        if len(parts) == 3 and parts[0] == "_" and parts[1] == "raw":
+            try:
+                return base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
+            except ValueError:
+                return None
+        return None
+
+    def tenant_prefix(self, tenant: str) -> str:
+        return f"{self.prefix}/{tenant}/"
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        session = aiobotocore.session.get_session()
+        cfg = AioConfig(
+            retries={"max_attempts": 1, "mode": "standard"},  # we retry ourselves (breaker)
+            max_pool_connections=max(10, self.ts.s3_concurrency * 2),
+            connect_timeout=min(5.0, self.ts.s3_timeout_s),
+            read_timeout=self.ts.s3_timeout_s,
+        )
+        self._client = await self._stack.enter_async_context(
+            session.create_client("s3", endpoint_url=self.ts.s3_endpoint_url, region_name=self.ts.s3_region, config=cfg)
+        )
+        _metrics.set_breaker_state(self.tier, "closed")
+        for i in range(self.ts.s3_concurrency):
+            self._workers.append(asyncio.create_task(self._uploader(), name=f"lmcv-s3-upload-{i}"))
+
+    async def close(self, drain_timeout: float | None = 0.0) -> int:
+        """Stop; first drain the backlog for up to ``drain_timeout`` s. Returns chunks left."""
+        if drain_timeout:
+            await self.flush(drain_timeout)
+        left = self.backlog
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+        if left:
+            log.warning("object tier: %d chunk(s) not flushed at close (counted as drops)", left)
+            self.stats["dropped"] += left
+            _metrics.record_flush_drop(self.tier, left)
+        await self._stack.aclose()
+        return left
+
+    # --- write-behind ----------------------------------------------------------------------
+    @property
+    def backlog(self) -> int:
+        return self._queue.qsize() + self._holding
+
+    def enqueue(self, key: bytes, value: bytes | bytearray | memoryview, *, expires_ms: int = 0) -> bool:
+        """Queue a chunk value for upload. False (counted, logged) when the queue is full."""
+        try:
+            self._queue.put_nowait(_Item(key, memoryview(value).cast("B"), expires_ms, time.monotonic()))
+        except asyncio.QueueFull:
+            self.stats["dropped"] += 1
+            _metrics.record_flush_drop(self.tier)
+            _metrics.record_error("flush", "overflow")
+            if self.stats["dropped"] in (1, 10, 100) or self.stats["dropped"] % 1000 == 0:
+                log.warning("object tier: flush queue full (%d); %d chunk(s) dropped so far",
+                            self.ts.flush_queue_max, self.stats["dropped"])
+            return False
+        self._idle.clear()
+        self.stats["enqueued"] += 1
+        _metrics.set_flush_backlog(self.tier, self.backlog)
+        return True
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the backlog is empty. True when drained within ``timeout``."""
+        try:
+            await asyncio.wait_for(self._wait_idle(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def _wait_idle(self) -> None:
+        while self.backlog:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def _uploader(self) -> None:
+        while True:
+            item = await self._queue.get()
+            self._holding += 1
+            try:
+                await self._upload_item(item)
+            finally:
+                self._holding -= 1
+                self._queue.task_done()
+                _metrics.set_flush_backlog(self.tier, self.backlog)
+                if not self.backlog:
+                    self._idle.set()
+
+    async def _upload_item(self, item: _Item) -> None:
+        attempt = 0
+        while True:
+            if not self.is_wanted(item.key):
+                return  # deleted while queued
+            if not self.breaker.allow():
+                await asyncio.sleep(self.breaker.retry_in())
+                continue
+            t0 = time.perf_counter()
+            try:
+                await self.put(item.key, [item.value], expires_ms=item.expires_ms, _gated=True)
+            except TransportError as e:
+                self.breaker.failure()
+                attempt += 1
+                self.stats["retries"] += 1
+                _metrics.record_error("flush", "io")
+                delay = min(2.0, 0.05 * (2 ** min(attempt, 6))) * (0.5 + random.random())
+                log.debug("object tier: upload failed (%s); retry in %.2fs", e, delay)
+                await asyncio.sleep(delay)
+                continue
+            self.breaker.success()
+            _metrics.observe_latency("flush", self.tier, time.perf_counter() - t0)
+            if not self.is_wanted(item.key):  # deleted during upload: undo
+                await self._delete_quiet(item.key)
+                return
+            if self.on_durable is not None:
+                self.on_durable(item.key, item.value.nbytes, item.expires_ms)
+            return
+
+    # --- direct operations -----------------------------------------------------------------
+    async def put(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
+                  _gated: bool = False) -> None:
+        """Upload now (no queue). Raises TransportError; already-present is success."""
+        if not _gated and not self.breaker.allow():
+            self.stats["breaker_rejections"] += 1
+            raise ConnectionLost("object store: circuit breaker open")
+        views = [memoryview(p).cast("B") for p in parts]
+        body = views[0] if len(views) == 1 else memoryview(b"".join(views))
+        okey = self.object_key(key)
+        meta = {"lmcv-key": base64.urlsafe_b64encode(key).decode(), "lmcv-len": str(body.nbytes),
+                "lmcv-exp": str(expires_ms)}
+        try:
+            if body.nbytes >= self.ts.s3_multipart_threshold:
+                await self._multipart(okey, body, meta)
+            else:
+                await self._put_object(okey, body, meta)
+        except ClientError as e:
+            if _code(e) in _PRECONDITION:
+                self.stats["conditional_exists"] += 1
+            else:
+                self._fail_direct(_gated)
+                raise _map_error(e) from None
+        except (BotoCoreError, OSError, asyncio.TimeoutError) as e:
+            self._fail_direct(_gated)
+            raise _map_error(e) from None
+        except Exception as e:  # aiohttp errors and friends
+            self._fail_direct(_gated)
+            raise _map_error(e) from None
+        if not _gated:
+            self.breaker.success()
+        self.stats["uploaded"] += 1
+        self.stats["bytes_uploaded"] += body.nbytes
+        _metrics.record_put(self.tier, body.nbytes, True)
+        _metrics.record_demotion(self.tier, body.nbytes)
+
+    def _fail_direct(self, gated: bool) -> None:
+        self.stats["upload_failures"] += 1
+        if not gated:
+            self.breaker.failure()
+
+    async def _put_object(self, okey: str, body: memoryview, meta: dict[str, str]) -> None:
+        obj = body.obj
+        data = obj if isinstance(obj, (bytes, bytearray)) and len(obj) == body.nbytes else bytes(body)
+        kw = dict(Bucket=self.bucket, Key=okey, Body=data, Metadata=meta, ContentLength=body.nbytes)
+        async with self._sem:
+            if self._conditional:
+                try:
+                    await self._client.put_object(IfNoneMatch="*", **kw)
+                    return
+                except ClientError as e:
+                    if _code(e) not in _UNSUPPORTED:
+                        raise
+                    log.warning("object tier: store refuses conditional put (%s); writing unconditionally", _code(e))
+                    self._conditional = False
+            await self._client.put_object(**kw)
+
+    async def _multipart(self, okey: str, body: memoryview, meta: dict[str, str]) -> None:
+        self.stats["multipart"] += 1
+        up = await self._client.create_multipart_upload(Bucket=self.bucket, Key=okey, Metadata=meta)
+        uid = up["UploadId"]
+        psize = self.ts.s3_part_bytes
+        n = (body.nbytes + psize - 1) // psize
+
+        async def part(i: int) -> dict:
+            chunk = bytes(body[i * psize : min(body.nbytes, (i + 1) * psize)])
+            async with self._sem:
+                r = await self._client.upload_part(Bucket=self.bucket, Key=okey, UploadId=uid, PartNumber=i + 1, Body=chunk)
+            return {"PartNumber": i + 1, "ETag": r["ETag"]}
+
+        try:
+            parts = await asyncio.gather(*(part(i) for i in range(n)))
+            kw = dict(Bucket=self.bucket, Key=okey, UploadId=uid, MultipartUpload={"Parts": list(parts)})
+            if self._conditional:
+                try:
+                    await self._client.complete_multipart_upload(IfNoneMatch="*", **kw)
+                    return
+                except ClientError as e:
+                    if _code(e) not in _UNSUPPORTED:
+                        raise
+                    self._conditional = False
+            await self._client.complete_multipart_upload(**kw)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._client.abort_multipart_upload(Bucket=self.bucket, Key=okey, UploadId=uid)
+            raise
+
+    async def head(self, key: bytes) -> int | None:
+        """Stored value length, or None when absent."""
+        try:
+            r = await self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+        except ClientError as e:
+            if _code(e) in _MISSING:
+                return None
+            raise _map_error(e) from None
+        except Exception as e:
+            raise _map_error(e) from None
+        return int(r["ContentLength"])
+
+    async def read_value(self, key: bytes, value_len: int | None = None) -> tuple[memoryview, memoryview] | None:
+        """(codec header, payload) of a stored chunk, verified; None on a miss.
+
+        Reads with parallel ranged GETs when the value is larger than ``s3_range_bytes``.
+        A corrupt object is counted and deleted."""
+        if not self.breaker.allow():
+            self.stats["breaker_rejections"] += 1
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, "connection")
+            return None
+        self.stats["reads"] += 1
+        okey = self.object_key(key)
+        t0 = time.perf_counter()
+        with self.pins.pin(key):
+            try:
+                if value_len is None:
+                    value_len = await self.head(key)
+                    if value_len is None:
+                        self.breaker.success()
+                        self.stats["misses"] += 1
+                        _metrics.record_miss(self.tier, "absent")
+                        self._gone(key)
+                        return None
+                buf = bytearray(value_len)
+                got = await self._get_ranges(okey, memoryview(buf), value_len)
+            except _Absent:
+                self.breaker.success()
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, "absent")
+                self._gone(key)
+                return None
+            except TransportError as e:
+                self.breaker.failure()
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, e.cause)
+                return None
+            self.breaker.success()
+            mv = memoryview(buf)
+            try:
+                if got != value_len:
+                    raise CorruptChunk("truncated", f"object of {got} bytes, expected {value_len}")
+                header = codec.decode_header(mv[: codec.HEADER_SIZE])
+                if header.payload_len != value_len - codec.HEADER_SIZE:
+                    raise CorruptChunk("truncated", "object length disagrees with its header")
+                if codec.crc32c(mv[codec.HEADER_SIZE :]) != header.payload_crc:
+                    raise CorruptChunk("crc", "payload checksum mismatch")
+            except CorruptChunk as c:
+                log.warning("object tier: corrupt object %s (%s); deleted", okey, c)
+                self.stats["corrupt"] += 1
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, c.reason)
+                self.pins.defer(key, lambda: self._delete_quiet(key))
+                self._gone(key)
+                return None
+        self.stats["hits"] += 1
+        self.stats["bytes_read"] += value_len
+        _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
+        return mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :]
+
+    def _gone(self, key: bytes) -> None:
+        if self.on_gone is not None:
+            self.on_gone(key)
+
+    async def _get_ranges(self, okey: str, dest: memoryview, total: int) -> int:
+        step = self.ts.s3_range_bytes
+        ranges = [(o, min(total, o + step)) for o in range(0, total, step)] or [(0, 0)]
+
+        async def one(start: int, end: int) -> int:
+            async with self._sem:
+                try:
+                    r = await self._client.get_object(Bucket=self.bucket, Key=okey, Range=f"bytes={start}-{end - 1}")
+                except ClientError as e:
+                    if _code(e) in _MISSING:
+                        raise _Absent() from None
+                    if _code(e) in {"InvalidRange", "416"}:
+                        return 0
+                    raise _map_error(e) from None
+                except Exception as e:
+                    raise _map_error(e) from None
+                body = r["Body"]
+                try:
+                    pos = start
+                    while pos < end:
+                        n = await body.readinto(dest[pos:end])
+                        if not n:
+                            break
+                        pos += n
+                    return pos - start
+                except Exception as e:
+                    raise _map_error(e) from None
+                finally:
+                    body.close()
+
+        counts = await asyncio.gather(*(one(s, e) for s, e in ranges))
+        return sum(counts)
+
+    async def delete(self, key: bytes) -> None:
+        """Delete the object (deferred while a read holds it)."""
+        if not self.pins.defer(key, lambda: self._delete_quiet(key)):
+            await self._delete_quiet(key)
+
+    async def _delete_quiet(self, key: bytes) -> None:
+        try:
+            await self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+            self.stats["deleted"] += 1
+        except Exception as e:  # noqa: BLE001 - best effort; logged
+            log.warning("object tier: delete of %s failed: %s", self.object_key(key), e)
+
+    async def list_objects(self, tenant: str | None = None) -> AsyncIterator[ObjectInfo]:
+        """Every stored chunk (for rebuilding the index)."""
+        prefix = self.tenant_prefix(tenant) if tenant else self.prefix + "/"
+        paginator = self._client.get_paginator("list_objects_v2")
+        try:
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for o in page.get("Contents", ()):
+                    key = self.data_key_of(o["Key"])
+                    if key is None:
+                        continue
+                    yield ObjectInfo(key, int(o["Size"]), o["LastModified"].timestamp())
+        except ClientError as e:
+            raise _map_error(e) from None
+        except (BotoCoreError, OSError) as e:
+            raise _map_error(e) from None
+
+    async def create_bucket(self) -> None:
+        """For tests and first-time set-up: create the bucket if missing."""
+        with contextlib.suppress(ClientError):
+            kw = {}
+            if self.ts.s3_region and self.ts.s3_region != "us-east-1":
+                kw["CreateBucketConfiguration"] = {"LocationConstraint": self.ts.s3_region}
+            await self._client.create_bucket(Bucket=self.bucket, **kw)
+
+
+class _Absent(Exception):
+    pass
+
+

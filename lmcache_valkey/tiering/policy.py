@@ -1,0 +1,171 @@
+"""Tiering policies: admission, demotion, retrieval cost, circuit breaker.
+
+Pure logic with an injectable clock; no I/O. Never imports aiobotocore or a transport.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+Clock = Callable[[], float]
+
+
+class Admission:
+    """Admit a chunk to the lower tiers on its ``min_touches``-th touch (put or hit).
+
+    ``min_touches`` 1 = always, 2 = second touch; higher = frequency. The counter remembers
+    at most ``window`` chunks (LRU), so one-time prompts age out without growing memory.
+    """
+
+    def __init__(self, min_touches: int = 2, window: int = 1 << 20) -> None:
+        self.min_touches = max(1, min_touches)
+        self.window = window
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+
+    def touch(self, key: bytes, n: int = 1) -> int:
+        c = self._counts.pop(key, 0) + n
+        self._counts[key] = c
+        while len(self._counts) > self.window:
+            self._counts.popitem(last=False)
+        return c
+
+    def count(self, key: bytes) -> int:
+        return self._counts.get(key, 0)
+
+    def admit(self, key: bytes) -> bool:
+        return self.min_touches <= 1 or self._counts.get(key, 0) >= self.min_touches
+
+    def forget(self, key: bytes) -> None:
+        self._counts.pop(key, None)
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    used: int
+    maxmemory: int  # 0 = unlimited
+
+    @property
+    def ratio(self) -> float:
+        return self.used / self.maxmemory if self.maxmemory else 0.0
+
+
+def parse_info_memory(text: str | bytes) -> MemoryState:
+    """``INFO memory`` reply -> used_memory / maxmemory."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith("#"))
+    return MemoryState(int(fields.get("used_memory", 0)), int(fields.get("maxmemory", 0)))
+
+
+class Demotion:
+    """How many bytes to move out of Valkey RAM: above the high watermark, down to the low one."""
+
+    def __init__(self, high: float = 0.85, low: float = 0.70, idle_s: float | None = None) -> None:
+        self.high, self.low, self.idle_s = high, low, idle_s
+
+    def bytes_to_free(self, mem: MemoryState) -> int:
+        if not mem.maxmemory or mem.used < self.high * mem.maxmemory:
+            return 0
+        return int(mem.used - self.low * mem.maxmemory)
+
+    def room_for(self, mem: MemoryState, nbytes: int) -> int:
+        """Bytes to free before staging ``nbytes`` more (promotion)."""
+        if not mem.maxmemory:
+            return 0
+        over = mem.used + nbytes - self.high * mem.maxmemory
+        return int(mem.used + nbytes - self.low * mem.maxmemory) if over > 0 else 0
+
+    def idle_enough(self, idle_s: float) -> bool:
+        return self.idle_s is not None and idle_s >= self.idle_s
+
+
+class CostModel:
+    """Expected retrieval time per tier: latency + bytes / bandwidth, both EWMA-measured.
+
+    A tier whose expected time exceeds the recompute budget (or what is left of the
+    caller's deadline) is skipped: a slow hit must never cost more than recompute.
+    """
+
+    def __init__(self, alpha: float = 0.2, prior: dict[str, tuple[float, float]] | None = None) -> None:
+        self.alpha = alpha
+        # tier -> (latency s, bandwidth B/s); optimistic priors until measured.
+        self._est: dict[str, tuple[float, float]] = dict(prior or {"nvme": (0.0005, 1.0e9), "s3": (0.02, 2.0e8)})
+
+    def observe(self, tier: str, nbytes: int, seconds: float, *, latency_s: float | None = None) -> None:
+        lat0, bw0 = self._est.get(tier, (0.0, 1.0e9))
+        lat = latency_s if latency_s is not None else min(seconds, lat0 if lat0 else seconds)
+        transfer = max(seconds - lat, 1e-6)
+        bw = nbytes / transfer if nbytes > 0 else bw0
+        a = self.alpha
+        self._est[tier] = ((1 - a) * lat0 + a * lat, (1 - a) * bw0 + a * bw)
+
+    def expected(self, tier: str, nbytes: int) -> float:
+        lat, bw = self._est.get(tier, (0.0, 1.0e9))
+        return lat + nbytes / max(bw, 1.0)
+
+    def affordable(self, tier: str, nbytes: int, budget_s: float) -> bool:
+        return self.expected(tier, nbytes) <= budget_s
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {t: {"latency_s": lat, "bandwidth_Bps": bw} for t, (lat, bw) in self._est.items()}
+
+
+class CircuitBreaker:
+    """closed -> (``failures`` consecutive failures) -> open -> (``reset_s``) -> half_open
+    -> one probe: success closes, failure re-opens."""
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+    def __init__(self, failures: int = 5, reset_s: float = 5.0, clock: Clock = time.monotonic,
+                 on_change: Callable[[str], None] | None = None) -> None:
+        self.failures, self.reset_s, self._clock = failures, reset_s, clock
+        self._state = self.CLOSED
+        self._consecutive = 0
+        self._opened_at = 0.0
+        self._probing = False
+        self._on_change = on_change
+        self.opened_count = 0
+
+    @property
+    def state(self) -> str:
+        if self._state == self.OPEN and self._clock() - self._opened_at >= self.reset_s:
+            self._set(self.HALF_OPEN)
+        return self._state
+
+    def _set(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            if state == self.OPEN:
+                self.opened_count += 1
+            if self._on_change:
+                self._on_change(state)
+
+    def allow(self) -> bool:
+        """May a request go now? In half_open only one probe at a time."""
+        s = self.state
+        if s == self.CLOSED:
+            return True
+        if s == self.HALF_OPEN and not self._probing:
+            self._probing = True
+            return True
+        return False
+
+    def retry_in(self) -> float:
+        if self._state != self.OPEN:
+            return 0.05
+        return max(0.0, self.reset_s - (self._clock() - self._opened_at)) + 0.01
+
+    def success(self) -> None:
+        self._consecutive = 0
+        self._probing = False
+        self._set(self.CLOSED)
+
+    def failure(self) -> None:
+        self._consecutive += 1
+        self._probing = False
+        if self._state == self.HALF_OPEN or self._consecutive >= self.failures:
+            self._opened_at = self._clock()
+            self._set(self.OPEN)

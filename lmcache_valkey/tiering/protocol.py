@@ -1,0 +1,46 @@
+"""The promotion/control protocol between workers and ``tierd``, carried by Valkey lists.
+
+See docs/tiering-promotion.md. Keys (inside the tenant's ACL pattern ``~<prefix>:<tenant>:*``)::
+
+    <prefix>:<tenant>:_tierd:req           requests, RPUSH by workers, BLPOP by tierd (FIFO)
+    <prefix>:<tenant>:_tierd:rep:<uuid>    replies to one worker process, RPUSH by tierd,
+                                           BLPOP by that worker; PEXPIRE keeps it from lingering
+
+Messages are msgpack maps. Request: ``{"op", "id", "reply", "ttl_ms", ...}``; reply:
+``{"id", "ok", "result"}``. Ops: ``promote`` (``key``), ``hint`` (``put``: [[key, nbytes]],
+``hit``: [key]; no reply), ``stats``, ``evict`` (``tier``, ``keys`` or ``prefix``), ``drain``
+(``timeout_s``), ``delete`` (``keys``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+REPLY_TTL_MS = 60_000
+OPS = ("promote", "hint", "stats", "evict", "drain", "delete")
+
+
+def request_key(key_prefix: str, tenant: str) -> bytes:
+    return f"{key_prefix}:{tenant}:_tierd:req".encode()
+
+
+def reply_key(key_prefix: str, tenant: str, worker_id: str) -> bytes:
+    return f"{key_prefix}:{tenant}:_tierd:rep:{worker_id}".encode()
+
+
+def data_pattern(key_prefix: str, tenant: str) -> bytes:
+    """SCAN pattern for every chunk value of the tenant (all namespaces)."""
+    return f"{key_prefix}:{tenant}:*:c:{{*}}".encode()
+
+
+def pack(msg: dict[str, Any]) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def unpack(data: bytes) -> dict[str, Any]:
+    msg = msgpack.unpackb(data, raw=False)
+    if not isinstance(msg, dict):
+        raise ValueError("message is not a map")
+    return msg

@@ -1,0 +1,159 @@
+"""``lmcache-valkey tierd``: the tier manager as a service next to Valkey, and CLI controls.
+
+The lead's CLI calls :func:`add_tierd_arguments` on its ``tierd`` sub-parser and runs
+``asyncio.run(run_tierd(args))``. Control sub-commands call :func:`tier_stats`,
+:func:`evict` and :func:`drain`, which reach a running ``tierd`` through Valkey (the same
+request list workers use, docs/tiering-promotion.md) or an in-process manager.
+
+SIGTERM/SIGINT: stop taking requests, drain the object-tier backlog for at most
+``--drain-timeout-s``, report what was left (counted as drops), exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..config import settings_from_mapping
+from . import _metrics
+from .client import TierClient
+from .manager import TierManager
+from .settings import tiering_settings_from_mapping
+
+log = logging.getLogger(__name__)
+
+
+def add_tierd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser
+    p.add_argument("--valkey-url", required=True, help="valkey://host:port (the Valkey this tierd serves)")
+    p.add_argument("--tenant", default="default", help="tenant whose chunks this tierd manages")
+    p.add_argument("--key-prefix", default="lmcv", help="key prefix (Settings.key_prefix)")
+    p.add_argument("--nvme-dir", default=None, help="directory on NVMe for the warm tier")
+    p.add_argument("--nvme-budget-bytes", default="64GiB", help="byte budget of the NVMe tier (e.g. 500GiB)")
+    p.add_argument("--s3-bucket", default=None, help="bucket of the cold tier (omit: no object tier)")
+    p.add_argument("--s3-prefix", default="lmcache-valkey", help="object key prefix; the tenant is added")
+    p.add_argument("--s3-endpoint-url", default=None, help="endpoint of an S3-compatible store")
+    p.add_argument("--s3-region", default=None)
+    p.add_argument("--flush-queue-max", default=1024, type=int, help="write-behind queue bound (chunks)")
+    p.add_argument("--admission", default="second_touch", help="always | second_touch | frequency")
+    p.add_argument("--recompute-budget-s", default=2.0, type=float)
+    p.add_argument("--metrics-port", default=None, type=int, help="serve /metrics and /healthz on this port")
+    p.add_argument("--drain-timeout-s", default=30.0, type=float, help="bound on draining the backlog at SIGTERM")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other tiering setting (repeatable), e.g. --set demote_idle_s=600")
+    return p
+
+
+def tiering_settings_from_args(args: argparse.Namespace):
+    raw: dict[str, Any] = {"tiering": "service", "nvme_budget_bytes": args.nvme_budget_bytes,
+                           "s3_prefix": args.s3_prefix, "flush_queue_max": args.flush_queue_max,
+                           "admission": args.admission, "recompute_budget_s": args.recompute_budget_s}
+    for k in ("nvme_dir", "s3_bucket", "s3_endpoint_url", "s3_region"):
+        if getattr(args, k, None):
+            raw[k] = getattr(args, k)
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        raw[k.strip()] = v.strip()
+    return tiering_settings_from_mapping(raw, key_prefix="--")
+
+
+async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = None,
+                    stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``). Returns the process exit status."""
+    from ..transport.resp import RespClient
+
+    settings = settings_from_mapping({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
+    ts = tiering_settings_from_args(args)
+    valkey = RespClient(replace(settings, connections_per_node=max(settings.connections_per_node, 8)))
+    await valkey.start()
+    manager = TierManager(settings, ts, valkey)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    metrics_server = None
+    try:
+        await manager.start()
+        if args.metrics_port is not None:
+            metrics_server = _metrics.start_http_server(args.metrics_port, health=lambda: not stop.is_set())
+        log.info("tierd: serving tenant %s on %s", args.tenant, args.valkey_url)
+        if ready is not None:
+            ready.set()
+        server = asyncio.create_task(manager.serve_requests(stop))
+        await stop.wait()
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+        log.info("tierd: stopping; draining the flush backlog (<= %.1fs)", args.drain_timeout_s)
+        left = await manager.close(args.drain_timeout_s)
+        if left:
+            log.warning("tierd: %d chunk(s) were not flushed to the object tier", left)
+        return 0 if not left else 3
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        if metrics_server is not None:
+            metrics_server.close()
+        if not manager._closing:
+            await manager.close(0.0)
+        await valkey.close()
+
+
+# --- controls for the CLI --------------------------------------------------------------------
+async def _control(target: Any, op: str, args: dict[str, Any], timeout: float) -> Any:
+    client = target if isinstance(target, TierClient) else (
+        TierClient.embedded(target) if isinstance(target, TierManager) else None)
+    if client is None:
+        raise TypeError("target must be a TierClient or TierManager")
+    return await client.control(op, args, timeout=timeout)
+
+
+async def tier_stats(target: Any, *, timeout: float = 10.0) -> dict[str, Any]:
+    """Per-tier stats of a tierd (``TierClient.remote``) or an in-process manager."""
+    return await _control(target, "stats", {}, timeout)
+
+
+async def evict(target: Any, tier: str, *, keys: Sequence[bytes] | None = None,
+                namespace: str | None = None, key_prefix: str = "lmcv", tenant: str = "default",
+                timeout: float = 60.0) -> int:
+    """Remove copies from one tier (ram | nvme | s3): the given data keys, or every chunk of a
+    namespace (its digest, as in ``<prefix>:<tenant>:<digest>:c:{id}``)."""
+    args: dict[str, Any] = {"tier": tier}
+    if keys is not None:
+        args["keys"] = list(keys)
+    elif namespace is not None:
+        args["prefix"] = f"{key_prefix}:{tenant}:{namespace}:c:".encode()
+    else:
+        raise ValueError("evict needs keys or a namespace")
+    return int(await _control(target, "evict", args, timeout))
+
+
+async def drain(target: Any, *, timeout: float = 60.0) -> bool:
+    """Wait until the flush backlog is empty (True) or ``timeout`` passes (False)."""
+    return bool(await _control(target, "drain", {"timeout_s": timeout}, timeout + 5.0))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lmcache_valkey.tiering.service ...`` (until the CLI wires ``tierd``)."""
+    parser = add_tierd_arguments(argparse.ArgumentParser(prog="lmcache-valkey tierd"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run_tierd(args))
+
+
+def dumps(obj: Any) -> str:
+    """JSON for ``tier_stats`` output (bytes keys as text)."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=lambda o: o.decode(errors="replace") if isinstance(o, bytes) else str(o))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

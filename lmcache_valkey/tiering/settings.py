@@ -1,0 +1,254 @@
+"""Tiering settings: validated once into a frozen dataclass.
+
+The lead's config wires LMCache ``extra_config`` keys (``tiering``, ``nvme_dir``,
+``nvme_budget_bytes``, ``s3_bucket``, ...) into :func:`tiering_settings_from_mapping`;
+``tierd`` builds the same object from its flags. Every bad value raises
+:class:`~lmcache_valkey.errors.ConfigError` naming the key. Nothing downstream re-parses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigError
+
+MODES = ("off", "embedded", "service")
+ADMISSIONS = ("always", "second_touch", "frequency")
+
+
+@dataclass(frozen=True)
+class TieringSettings:
+    """Everything the tier manager needs. ``mode``: off | embedded (manager in the worker)
+    | service (a ``tierd`` next to Valkey; workers talk to it through Valkey)."""
+
+    mode: str = "off"
+    # NVMe (warm) tier; None disables it.
+    nvme_dir: str | None = None
+    nvme_budget_bytes: int = 64 << 30
+    nvme_direct: bool = True  # O_DIRECT when the filesystem accepts it
+    nvme_threads: int = 4
+    # Object (cold) tier; None disables it.
+    s3_bucket: str | None = None
+    s3_prefix: str = "lmcache-valkey"
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_concurrency: int = 8  # parallel uploads and ranged GETs
+    s3_multipart_threshold: int = 64 << 20
+    s3_part_bytes: int = 16 << 20
+    s3_range_bytes: int = 8 << 20
+    s3_max_retries: int = 3
+    s3_timeout_s: float = 30.0
+    flush_queue_max: int = 1024  # chunks waiting for write-behind to the object tier
+    # Policies.
+    admission: str = "second_touch"
+    admission_min_touches: int = 2  # used by "frequency" (second_touch == 2)
+    admission_window: int = 1 << 20  # chunks remembered by the touch counter
+    recompute_budget_s: float = 2.0
+    demote_high_watermark: float = 0.85  # of Valkey maxmemory
+    demote_low_watermark: float = 0.70
+    demote_idle_s: float | None = None  # demote chunks idle longer than this regardless of memory
+    demote_interval_s: float = 1.0
+    demote_scan_count: int = 256
+    breaker_failures: int = 5
+    breaker_reset_s: float = 5.0
+    promote_to_nvme: bool = True  # an object-tier hit is also written to NVMe
+    request_block_s: float = 1.0  # tierd's BLPOP wait on the request list
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" and (self.nvme_dir is not None or self.s3_bucket is not None)
+
+
+# --- parsers --------------------------------------------------------------------------------
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _str(key: str, v: Any) -> str:
+    if isinstance(v, str) and v:
+        return v
+    raise ConfigError(key, "a non-empty string", v)
+
+
+def _opt_str(key: str, v: Any) -> str | None:
+    return None if v in (None, "") else _str(key, v)
+
+
+def _bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in {"1", "true", "yes", "on"}:
+        return True
+    if s in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(key, "a boolean (true/false)", v)
+
+
+def _size(key: str, v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    if isinstance(v, str):
+        m = _SIZE_RE.match(v)
+        if m:
+            n = int(m.group(1)) * _UNITS[(m.group(2) or "").upper()[:1]]
+            if n > 0:
+                return n
+    raise ConfigError(key, "a positive byte count (e.g. 1073741824 or '1GiB')", v)
+
+
+def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def parse(key: str, v: Any) -> int:
+        try:
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError
+            i = int(v)
+        except (TypeError, ValueError):
+            raise ConfigError(key, f"an integer in [{lo}, {hi}]", v) from None
+        if not lo <= i <= hi:
+            raise ConfigError(key, f"an integer in [{lo}, {hi}]", v)
+        return i
+
+    return parse
+
+
+def _float(lo: float, hi: float = float("inf"), *, allow_none: bool = False) -> Callable[[str, Any], Any]:
+    def parse(key: str, v: Any) -> Any:
+        if allow_none and v in (None, "", "none", "off"):
+            return None
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(key, f"a number in ({lo}, {hi}]", v) from None
+        if not (lo < f <= hi) or f != f or f == float("inf"):
+            raise ConfigError(key, f"a finite number in ({lo}, {hi}]", v)
+        return f
+
+    return parse
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(key: str, v: Any) -> str:
+        if isinstance(v, bool):
+            v = "embedded" if v else "off"
+        if isinstance(v, str) and v.strip().lower() in choices:
+            return v.strip().lower()
+        raise ConfigError(key, "one of " + "|".join(choices), v)
+
+    return parse
+
+
+def _mode(key: str, v: Any) -> str:
+    if isinstance(v, str) and v.strip().lower() in {"true", "on", "yes", "1"}:
+        return "embedded"
+    if isinstance(v, str) and v.strip().lower() in {"false", "no", "0", ""}:
+        return "off"
+    return _choice(MODES)(key, v)
+
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def _bucket(key: str, v: Any) -> str | None:
+    if v in (None, ""):
+        return None
+    if isinstance(v, str) and _BUCKET_RE.match(v):
+        return v
+    raise ConfigError(key, "a valid S3 bucket name (3-63 of a-z, 0-9, '.', '-')", v)
+
+
+def _prefix(key: str, v: Any) -> str:
+    if isinstance(v, str) and v.strip("/") and ".." not in v:
+        return v.strip("/")
+    raise ConfigError(key, "a non-empty object key prefix without '..'", v)
+
+
+def _endpoint(key: str, v: Any) -> str | None:
+    if v in (None, ""):
+        return None
+    if isinstance(v, str) and re.match(r"^https?://[^/\s]+", v):
+        return v
+    raise ConfigError(key, "an http(s):// URL", v)
+
+
+# key -> parser. The key is also the field name.
+_PARSERS: dict[str, Callable[[str, Any], Any]] = {
+    "tiering": _mode,
+    "nvme_dir": _opt_str,
+    "nvme_budget_bytes": _size,
+    "nvme_direct": _bool,
+    "nvme_threads": _int(1, 64),
+    "s3_bucket": _bucket,
+    "s3_prefix": _prefix,
+    "s3_endpoint_url": _endpoint,
+    "s3_region": _opt_str,
+    "s3_concurrency": _int(1, 256),
+    "s3_multipart_threshold": _size,
+    "s3_part_bytes": _size,
+    "s3_range_bytes": _size,
+    "s3_max_retries": _int(0, 20),
+    "s3_timeout_s": _float(0.0),
+    "flush_queue_max": _int(1, 1 << 24),
+    "admission": _choice(ADMISSIONS),
+    "admission_min_touches": _int(1, 1000),
+    "admission_window": _int(16, 1 << 26),
+    "recompute_budget_s": _float(0.0),
+    "demote_high_watermark": _float(0.0, 1.0),
+    "demote_low_watermark": _float(0.0, 1.0),
+    "demote_idle_s": _float(0.0, allow_none=True),
+    "demote_interval_s": _float(0.0),
+    "demote_scan_count": _int(1, 100000),
+    "breaker_failures": _int(1, 1000),
+    "breaker_reset_s": _float(0.0),
+    "promote_to_nvme": _bool,
+    "request_block_s": _float(0.0, 60.0),
+}
+KNOWN_KEYS = frozenset(_PARSERS)
+_FIELD = {"tiering": "mode"}
+
+
+def tiering_settings_from_mapping(raw: Mapping[str, Any], *, key_prefix: str = "") -> TieringSettings:
+    """Validate tiering keys. Unknown keys are refused. ``key_prefix`` is prepended to the
+    key named in a :class:`ConfigError` (e.g. ``remote_storage_plugin.valkey.``)."""
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        if k not in _PARSERS:
+            raise ConfigError(key_prefix + k, "one of the tiering keys: " + ", ".join(sorted(KNOWN_KEYS)), v)
+        try:
+            values[_FIELD.get(k, k)] = _PARSERS[k](k, v)
+        except ConfigError as e:
+            raise ConfigError(key_prefix + e.key, e.expected, e.got) from None
+    s = TieringSettings(**values)
+    if s.demote_low_watermark >= s.demote_high_watermark:
+        raise ConfigError(key_prefix + "demote_low_watermark", f"below demote_high_watermark ({s.demote_high_watermark})", s.demote_low_watermark)
+    if s.s3_part_bytes < 5 << 20:
+        raise ConfigError(key_prefix + "s3_part_bytes", "at least 5MiB (the S3 minimum part size)", s.s3_part_bytes)
+    if s.s3_multipart_threshold < s.s3_part_bytes:
+        raise ConfigError(key_prefix + "s3_multipart_threshold", f"at least s3_part_bytes ({s.s3_part_bytes})", s.s3_multipart_threshold)
+    if s.mode != "off" and s.nvme_dir is None and s.s3_bucket is None:
+        raise ConfigError(key_prefix + "tiering", "nvme_dir and/or s3_bucket set when tiering is on", s.mode)
+    if s.admission == "second_touch":
+        s = _replace(s, admission_min_touches=2)
+    elif s.admission == "always":
+        s = _replace(s, admission_min_touches=1)
+    return s
+
+
+def _replace(s: TieringSettings, **kw: Any) -> TieringSettings:
+    from dataclasses import replace
+
+    return replace(s, **kw)
+
+
+def split_tiering_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a flat plugin mapping into (tiering keys, everything else) for the lead's config."""
+    mine = {k: v for k, v in raw.items() if k in KNOWN_KEYS}
+    rest = {k: v for k, v in raw.items() if k not in KNOWN_KEYS}
+    return mine, rest
+
+
+__all__ = ["TieringSettings", "KNOWN_KEYS", "MODES", "ADMISSIONS", "tiering_settings_from_mapping", "split_tiering_keys"]

@@ -1,0 +1,3 @@
+"""Fixtures for tiering tests (see tierhelp.py): small-maxmemory Valkey, ext4 dir, moto S3."""
+
+from tierhelp import moto_s3, nvme_dir, small_valkey  # noqa: F401

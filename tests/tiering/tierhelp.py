@@ -1,0 +1,125 @@
+"""Helpers and fixtures for tiering tests: a small-maxmemory Valkey (tests/support/servers.py), a real
+ext4 directory (O_DIRECT), and a real moto S3 server on a free port. Servers stop by PID
+(Valkey) or by their own handle (moto runs in a thread of this process)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import replace
+from typing import Any, Iterator
+
+import pytest
+
+from lmcache_valkey import codec
+from lmcache_valkey.keys import Namespace, key_digest
+from lmcache_valkey.tiering.settings import TieringSettings, tiering_settings_from_mapping
+
+from support.servers import ValkeyServer
+
+MAXMEMORY = 8 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoS3:
+    """moto's S3 server in a thread; stop()/start() keep the in-process object state."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._cls = ThreadedMotoServer
+        self.port = _free_port()
+        self.server = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture
+def moto_s3(monkeypatch) -> Iterator[MotoS3]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    m = MotoS3()
+    m.start()
+    try:
+        yield m
+    finally:
+        m.stop()
+        try:
+            from moto.core.models import base_decorator  # noqa: F401
+            from moto.s3.models import s3_backends
+
+            for account in list(s3_backends.keys()):
+                s3_backends[account].reset()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def small_valkey() -> Iterator[ValkeyServer]:
+    with ValkeyServer(args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "allkeys-lru"]) as s:
+        yield s
+
+
+@pytest.fixture
+def nvme_dir(tmp_path) -> str:
+    d = tmp_path / "nvme"
+    d.mkdir()
+    return str(d)
+
+
+NS = Namespace(prefix="lmcv", tenant="t1", digest="0123456789abcdef0123456789abcdef")
+
+
+def chunk(i: int, size: int = 256 << 10, ns: Namespace = NS) -> tuple[bytes, bytes]:
+    """(data key, value = codec header + payload), payload unique per ``i``."""
+    key_string = f"model@chunk{i}"
+    payload = (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
+    payload = bytes(b ^ (j & 0xFF) for j, b in enumerate(payload[:4096])) + payload[4096:]
+    meta = codec.ChunkMeta(shapes=((2, size // 4),), dtypes=("float16",), fmt=1, key=key_string)
+    header = codec.encode_header(meta, payload, ns.digest_bytes, key_digest(key_string), created_ms=1_700_000_000_000 + i)
+    return ns.data_key(f"{i:032x}"), bytes(header) + payload
+
+
+def tiering(**kw: Any) -> TieringSettings:
+    base = {"tiering": "embedded", "admission": "always", "demote_interval_s": 3600, "s3_concurrency": 4,
+            "breaker_failures": 3, "breaker_reset_s": 0.3}
+    base.update(kw)
+    return tiering_settings_from_mapping(base)
+
+
+async def resp_client(server: ValkeyServer, **kw: Any):
+    from lmcache_valkey.transport.resp import RespClient
+
+    c = RespClient(server.settings(tenant="t1", **kw))
+    await c.start()
+    return c
+
+
+async def ram_get(client, key: bytes, size: int) -> bytes | None:
+    buf = bytearray(size)
+    n = await client.get_into(key, [memoryview(buf)], timeout=5.0)
+    if n is None:
+        return None
+    assert n == size
+    return bytes(buf)
+
+
+__all__ = ["NS", "chunk", "tiering", "resp_client", "ram_get", "MAXMEMORY", "replace"]
