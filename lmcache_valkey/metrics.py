@@ -374,7 +374,9 @@ def set_tier_usage(tier: str, used_bytes: int, capacity_bytes: Optional[int] = N
 
 # --- exposition ------------------------------------------------------------------------------
 def _collecting_registry() -> CollectorRegistry:
-    if multiprocess_dir():
+    # Decided by where samples really go, not by the variable alone: LMCache sets
+    # PROMETHEUS_MULTIPROC_DIR itself after prometheus_client was imported.
+    if multiprocess_dir() and multiprocess_enabled():
         registry = CollectorRegistry()
         _multiprocess.MultiProcessCollector(registry)
         return registry

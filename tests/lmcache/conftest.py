@@ -1,0 +1,6 @@
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest_helpers import make_stack  # noqa: E402,F401  (fixture)
