@@ -102,6 +102,11 @@ class TierClient:
         self._hits.append(data_key)
         self._hint_soon()
 
+    async def flush_hints(self) -> None:
+        """Send batched hints now (remote placement; no-op embedded)."""
+        if self.manager is None:
+            await self._send_hints()
+
     async def delete(self, data_keys: Sequence[bytes], *, timeout: float = 5.0) -> int:
         """Coordinated delete: RAM value, marker, and every lower-tier copy."""
         if self.manager is not None:

@@ -104,7 +104,7 @@ class ObjectTier:
         self.breaker = CircuitBreaker(ts.breaker_failures, ts.breaker_reset_s,
                                       on_change=lambda s: _metrics.set_breaker_state(self.tier, s))
         self.pins = Pins()
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue(ts.flush_queue_max)
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()  # bounded by backlog (queued + uploading)
         self._holding = 0  # items taken off the queue but not finished
         self._idle = asyncio.Event()
         self._idle.set()
@@ -185,9 +185,9 @@ class ObjectTier:
 
     def enqueue(self, key: bytes, value: bytes | bytearray | memoryview, *, expires_ms: int = 0) -> bool:
         """Queue a chunk value for upload. False (counted, logged) when the queue is full."""
-        try:
+        if self.backlog < self.ts.flush_queue_max:
             self._queue.put_nowait(_Item(key, memoryview(value).cast("B"), expires_ms, time.monotonic()))
-        except asyncio.QueueFull:
+        else:
             self.stats["dropped"] += 1
             _metrics.record_flush_drop(self.tier)
             _metrics.record_error("flush", "overflow")

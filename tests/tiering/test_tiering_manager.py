@@ -12,7 +12,6 @@ from lmcache_valkey.tiering import TierClient, TierManager
 from lmcache_valkey.tiering.index import marker_of
 
 pytestmark = pytest.mark.timeout(120)
-BUCKET = "lmcv-test"
 
 
 async def _manager(valkey, ts, client=None, *, create_bucket=True):
@@ -45,7 +44,7 @@ def test_working_set_three_times_ram_served_byte_exact(small_valkey, nvme_dir, m
     assert n * size >= 3 * MAXMEMORY
 
     async def main() -> None:
-        ts = tiering(nvme_dir=nvme_dir, nvme_budget_bytes=12 << 20, s3_bucket=BUCKET, s3_endpoint_url=moto_s3.url,
+        ts = tiering(nvme_dir=nvme_dir, nvme_budget_bytes=12 << 20, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url,
                      demote_high_watermark=0.6, demote_low_watermark=0.4)
         m, client = await _manager(small_valkey, ts)
         tiers = TierClient.embedded(m)
@@ -76,6 +75,223 @@ def test_working_set_three_times_ram_served_byte_exact(small_valkey, nvme_dir, m
             assert sources["promoted"] > n // 2
             assert st["nvme"]["hits"] > 0 and st["s3"]["hits"] > 0
             assert st["manager"]["promotion_misses"] == 0
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_restart_rebuilds_index_from_nvme_headers_and_s3_metadata(small_valkey, nvme_dir, moto_s3) -> None:
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        items = [chunk(i, 100_000) for i in range(10)]
+        m, client = await _manager(small_valkey, ts)
+        for key, value in items:
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            m.note_put(key, len(value))
+        assert await m.flush(30.0)
+        await m.close()
+        # Valkey loses everything too (RAM values and tier markers)
+        await client.command(b"FLUSHALL", timeout=5.0)
+
+        m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
+        try:
+            assert m2.index.stats()["nvme"]["chunks"] == 10 and m2.index.stats()["s3"]["chunks"] == 10
+            markers = await client.exists_many([marker_of(k) for k, _ in items], timeout=5.0)
+            assert all(markers), "markers re-asserted from the rebuilt index"
+            t2 = TierClient.embedded(m2)
+            for key, value in items:
+                got, promoted = await _get_or_promote(client, t2, key, len(value))
+                assert promoted and got == value
+            assert m2.stats()["nvme"]["hits"] == 10
+        finally:
+            await m2.close()
+        await client.command(b"FLUSHALL", timeout=5.0)
+
+        # a manager with no NVMe tier: the object listing alone rebuilds the index
+        ts3 = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        m3, _ = await _manager(small_valkey, ts3, client, create_bucket=False)
+        try:
+            assert len(m3.index) == 10
+            t3 = TierClient.embedded(m3)
+            for key, value in items:
+                got, promoted = await _get_or_promote(client, t3, key, len(value))
+                assert promoted and got == value
+            assert m3.stats()["s3"]["hits"] == 10
+        finally:
+            await m3.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+async def _until(pred, timeout: float = 20.0) -> None:
+    """Poll a condition (not a timing assertion: the bound only stops a hung test)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        if loop.time() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+def test_s3_down_backlog_bound_breaker_then_drain(small_valkey, nvme_dir, moto_s3) -> None:
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url, flush_queue_max=6,
+                     s3_concurrency=2, s3_timeout_s=2.0)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            items = [chunk(i, 50_000) for i in range(16)]
+            for key, value in items[:4]:
+                await client.set(key, [value], ttl_s=None, timeout=5.0)
+                m.note_put(key, len(value))
+            assert await m.flush(30.0)
+            durable_before = set(m.index.keys(tier="s3"))
+            assert durable_before == {k for k, _ in items[:4]}
+
+            moto_s3.stop()
+            for key, value in items[4:]:
+                await client.set(key, [value], ttl_s=None, timeout=5.0)
+                m.note_put(key, len(value))
+            await _until(lambda: m.s3.breaker.state in ("open", "half_open") and not m._copying)
+            st = m.stats()["s3"]
+            assert st["backlog"] == 6, st  # grew to its bound ...
+            assert st["dropped"] == 12 - 6  # ... and the overflow was counted, not silent
+            assert m.s3.breaker.opened_count >= 1
+            # RAM hits are unaffected while the object store is down
+            for key, value in items:
+                assert await ram_get(client, key, len(value)) == value
+            # a read from the object tier fails fast (breaker) instead of waiting
+            assert set(m.index.keys(tier="s3")) == durable_before
+
+            moto_s3.start()
+            assert await m.flush(30.0)
+            st = m.stats()["s3"]
+            assert st["backlog"] == 0 and m.s3.breaker.state == "closed"
+            durable = set(m.index.keys(tier="s3"))
+            assert len(durable) == 4 + 6 and durable >= durable_before
+            # everything acknowledged durable is really there: read it back from S3 only
+            await m.evict("ram", keys=list(durable))
+            await m.evict("nvme", keys=list(durable))
+            t = TierClient.embedded(m)
+            values = dict(items)
+            for key in durable:
+                got, promoted = await _get_or_promote(client, t, key, len(values[key]))
+                assert promoted and got == values[key]
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_corrupt_object_is_counted_miss_and_deleted(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            key, value = chunk(3, 200_000)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            m.note_put(key, len(value))
+            assert await m.flush(30.0)
+            bad = bytearray(value)
+            bad[codec.HEADER_SIZE + 1234] ^= 0x55
+            await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=m.s3.object_key(key), Body=bytes(bad))
+            await m.evict("ram", keys=[key])
+            assert not await TierClient.embedded(m).promote(key, timeout=10.0)
+            assert m.s3.stats["corrupt"] == 1
+            assert await m.s3.head(key) is None  # the bad copy is gone
+            await _until(lambda: not m._tasks)
+            assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
+            assert key not in m.index
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("tier", ["nvme", "s3"])
+def test_concurrent_promotions_read_lower_tier_once(small_valkey, nvme_dir, moto_s3, tier: str) -> None:
+    async def main() -> None:
+        kw = {"nvme_dir": nvme_dir} if tier == "nvme" else {"s3_bucket": moto_s3.bucket, "s3_endpoint_url": moto_s3.url}
+        m, client = await _manager(small_valkey, tiering(**kw))
+        try:
+            key, value = chunk(5, 1 << 20)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            m.note_put(key, len(value))
+            assert await m.flush(30.0)
+            await m.evict("ram", keys=[key])
+            t = TierClient.embedded(m)
+            results = await asyncio.gather(*(t.promote(key, timeout=10.0) for _ in range(20)))
+            assert all(results)
+            tier_obj = m.nvme if tier == "nvme" else m.s3
+            assert tier_obj.stats["reads"] == 1
+            assert m.stats()["manager"]["promote_coalesced"] == 19
+            assert await ram_get(client, key, len(value)) == value
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_delete_is_coordinated_and_waits_for_pinned_reads(small_valkey, nvme_dir, moto_s3) -> None:
+    async def main() -> None:
+        import os
+
+        ts = tiering(nvme_dir=nvme_dir, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            (k1, v1), (k2, v2) = chunk(1, 100_000), chunk(2, 100_000)
+            for k, v in ((k1, v1), (k2, v2)):
+                await client.set(k, [v], ttl_s=None, timeout=5.0)
+                m.note_put(k, len(v))
+            assert await m.flush(30.0)
+            path = m.nvme.path_of(k1)
+            with m.nvme.pins.pin(k1):  # an in-flight read holds the NVMe copy
+                await m.delete([k1])
+                assert os.path.exists(path)
+                assert await client.exists_many([k1, marker_of(k1)], timeout=5.0) == [False, False]
+                assert k1 not in m.index
+            assert not os.path.exists(path)  # removed when the read finished
+            assert await m.s3.head(k1) is None
+            assert not await TierClient.embedded(m).promote(k1, timeout=5.0)
+            # a chunk deleted while its upload is queued never becomes durable
+            k3, v3 = chunk(3, 100_000)
+            await client.set(k3, [v3], ttl_s=None, timeout=5.0)
+            m.note_put(k3, len(v3))
+            await m.delete([k3])
+            assert await m.flush(30.0)
+            assert await m.s3.head(k3) is None and k3 not in m.index
+            assert await m.s3.head(k2) is not None  # others untouched
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_second_touch_admission_and_cost_check(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, admission="second_touch", recompute_budget_s=1e-6)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            (k1, v1), (k2, v2) = chunk(1, 100_000), chunk(2, 100_000)
+            for k, v in ((k1, v1), (k2, v2)):
+                await client.set(k, [v], ttl_s=None, timeout=5.0)
+                m.note_put(k, len(v))
+            assert await m.flush(10.0)
+            assert len(m.index) == 0  # one-time chunks stay out of the lower tiers
+            m.note_hit(k2)  # second touch
+            assert await m.flush(10.0)
+            assert m.index.tiers_of(k2) == ["nvme"] and k1 not in m.index
+            assert m.stats()["manager"]["rejected"] == 2 and m.stats()["manager"]["admitted"] == 1
+            # a tier slower than the recompute budget is skipped: a miss, not a slow hit
+            await m.evict("ram", keys=[k2])
+            assert not await TierClient.embedded(m).promote(k2, timeout=5.0)
+            assert m.stats()["manager"]["skipped_cost"] == 1 and m.nvme.stats["reads"] == 0
         finally:
             await m.close()
             await client.close()

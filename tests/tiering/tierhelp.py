@@ -36,6 +36,7 @@ class MotoS3:
         self.port = _free_port()
         self.server = None
         self.url = f"http://127.0.0.1:{self.port}"
+        self.bucket = f"lmcv-test-{os.urandom(4).hex()}"  # moto's state is per process: one bucket per test
 
     def start(self) -> None:
         self.server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
@@ -62,14 +63,6 @@ def moto_s3(monkeypatch) -> Iterator[MotoS3]:
         yield m
     finally:
         m.stop()
-        try:
-            from moto.core.models import base_decorator  # noqa: F401
-            from moto.s3.models import s3_backends
-
-            for account in list(s3_backends.keys()):
-                s3_backends[account].reset()
-        except Exception:
-            pass
 
 
 @pytest.fixture
