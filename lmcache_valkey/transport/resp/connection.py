@@ -91,7 +91,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
+        if transport.get_extra_info("sslcontext") is None:
+            # Plain socket: pause as soon as anything is left unsent, so the
+            # transport never holds (copies) more than one slice's tail.
+            transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
+        else:
+            # TLS encrypts into its own buffers anyway. (sslproto pauses when
+            # size >= high, so high=0 would never resume.)
+            transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)  # type: ignore[attr-defined]
         self.closed = asyncio.get_running_loop().create_future()
 
     def get_buffer(self, sizehint: int) -> memoryview:

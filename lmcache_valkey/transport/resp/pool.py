@@ -248,7 +248,7 @@ class _Lane:
 
     def _feed(self, conn: Connection) -> None:
         q = self.queue
-        if not q:
+        if not q or self.batch.stopped:
             return
         if conn.broken:
             if all(c.broken for c in self.conns):
@@ -273,12 +273,13 @@ class _Batch:
     def __init__(self, results: list[Any], indices: Sequence[int]) -> None:
         self.results = results
         self.left = len(indices)
+        self.stopped = False
         self.fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.left:
             self.fut.set_result(None)
 
     def finish(self, index: int, value: Any) -> None:
-        if self.results[index] is not PENDING:
+        if self.stopped or self.results[index] is not PENDING:
             return
         self.results[index] = value
         self.left -= 1
@@ -332,6 +333,7 @@ async def run_ops(
         if not batch.fut.done():
             await batch.fut
     except BaseException:
+        batch.stopped = True  # unfinished slots stay PENDING; the caller names the cause
         for _, c in held:
             if c.busy:
                 c.abort(DeadlineExceeded("batch interrupted"))
