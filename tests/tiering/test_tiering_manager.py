@@ -297,3 +297,46 @@ def test_second_touch_admission_and_cost_check(small_valkey, nvme_dir) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def test_multipart_upload_and_parallel_ranged_get(valkey_server, moto_s3) -> None:
+    async def main() -> None:
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url, s3_multipart_threshold="5MiB",
+                     s3_part_bytes="5MiB", s3_range_bytes="1MiB")
+        m, client = await _manager(valkey_server, ts)
+        try:
+            key, value = chunk(9, 11 << 20)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            m.note_put(key, len(value))
+            assert await m.flush(30.0)
+            assert m.s3.stats["multipart"] == 1
+            await m.evict("ram", keys=[key])
+            got = await m.s3.read_value(key, len(value))
+            assert got is not None and bytes(got[0]) + bytes(got[1]) == value
+            assert await TierClient.embedded(m).promote(key, timeout=20.0)
+            assert await ram_get(client, key, len(value)) == value
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_expiry_follows_the_ram_ttl(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        try:
+            key, value = chunk(4, 10_000)
+            await client.set(key, [value], ttl_s=0.5, timeout=5.0)
+            m.note_put(key, len(value))
+            assert await m.flush(10.0)
+            assert m.index.get(key) is not None and m.index.get(key).expires_ms > 0
+            await _until(lambda: m.index.get(key) is None)  # expired in the index
+            assert await m.expire_once() == 1
+            assert not m.nvme.entries() and not await TierClient.embedded(m).promote(key, timeout=2.0)
+            assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())

@@ -1,0 +1,129 @@
+"""Sans-I/O parts of tiering: settings validation, breaker, admission, demotion, cost, keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_valkey.errors import ConfigError
+from lmcache_valkey.tiering import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
+from lmcache_valkey.tiering.index import Pins, TierIndex, data_of, marker_of, marker_value, split_data_key
+from lmcache_valkey.tiering.policy import Admission, CircuitBreaker, CostModel, Demotion, MemoryState, parse_info_memory
+
+
+def test_settings_parse_and_defaults() -> None:
+    s = tiering_settings_from_mapping({"tiering": "embedded", "nvme_dir": "/nvme", "nvme_budget_bytes": "2GiB",
+                                       "s3_bucket": "my-bucket", "s3_endpoint_url": "http://minio:9000",
+                                       "flush_queue_max": "100", "admission": "frequency",
+                                       "admission_min_touches": 3, "recompute_budget_s": "0.5"})
+    assert s.mode == "embedded" and s.enabled and s.nvme_budget_bytes == 2 << 30
+    assert s.flush_queue_max == 100 and s.admission_min_touches == 3 and s.recompute_budget_s == 0.5
+    assert tiering_settings_from_mapping({"admission": "second_touch"}).admission_min_touches == 2
+    assert tiering_settings_from_mapping({"admission": "always"}).admission_min_touches == 1
+    assert not TieringSettings().enabled
+    assert tiering_settings_from_mapping({"tiering": True, "nvme_dir": "/x"}).mode == "embedded"
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"nvme_budget_bytes": "lots"}, "nvme_budget_bytes"),
+    ({"s3_bucket": "Bad_Bucket"}, "s3_bucket"),
+    ({"s3_endpoint_url": "minio:9000"}, "s3_endpoint_url"),
+    ({"flush_queue_max": 0}, "flush_queue_max"),
+    ({"admission": "sometimes"}, "admission"),
+    ({"recompute_budget_s": -1}, "recompute_budget_s"),
+    ({"tiering": "maybe"}, "tiering"),
+    ({"tiering": "embedded"}, "tiering"),  # on, but no tier configured
+    ({"demote_low_watermark": 0.9}, "demote_low_watermark"),
+    ({"s3_part_bytes": "1MiB"}, "s3_part_bytes"),
+    ({"no_such_key": 1}, "no_such_key"),
+])
+def test_settings_errors_name_the_key(raw, key) -> None:
+    with pytest.raises(ConfigError) as e:
+        tiering_settings_from_mapping(raw, key_prefix="remote_storage_plugin.valkey.")
+    assert e.value.key == "remote_storage_plugin.valkey." + key
+
+
+def test_split_tiering_keys() -> None:
+    mine, rest = split_tiering_keys({"url": "valkey://x", "nvme_dir": "/n", "tiering": "service"})
+    assert mine == {"nvme_dir": "/n", "tiering": "service"} and rest == {"url": "valkey://x"}
+
+
+def test_breaker_states() -> None:
+    now = [0.0]
+    seen = []
+    b = CircuitBreaker(failures=2, reset_s=1.0, clock=lambda: now[0], on_change=seen.append)
+    assert b.allow() and b.state == "closed"
+    b.failure()
+    assert b.state == "closed"
+    b.failure()
+    assert b.state == "open" and not b.allow()
+    now[0] = 1.5
+    assert b.state == "half_open" and b.allow() and not b.allow()  # one probe at a time
+    b.failure()
+    assert b.state == "open"
+    now[0] = 3.0
+    assert b.allow()
+    b.success()
+    assert b.state == "closed" and seen == ["open", "half_open", "open", "half_open", "closed"]
+
+
+def test_admission_second_touch_and_window() -> None:
+    a = Admission(2, window=16)
+    assert not a.admit(b"k") and a.touch(b"k") == 1 and not a.admit(b"k")
+    a.touch(b"k")
+    assert a.admit(b"k")
+    for i in range(20):
+        a.touch(b"x%d" % i)
+    assert a.count(b"k") == 0  # aged out of the window
+    assert Admission(1).admit(b"new")
+
+
+def test_demotion_watermarks_and_info_parsing() -> None:
+    mem = parse_info_memory(b"# Memory\r\nused_memory:900\r\nmaxmemory:1000\r\n")
+    assert mem == MemoryState(900, 1000)
+    d = Demotion(high=0.85, low=0.7)
+    assert d.bytes_to_free(mem) == 200 and d.bytes_to_free(MemoryState(800, 1000)) == 0
+    assert d.bytes_to_free(MemoryState(10**9, 0)) == 0  # no maxmemory: no watermark
+    assert d.room_for(MemoryState(800, 1000), 100) == 200 and d.room_for(MemoryState(100, 1000), 100) == 0
+
+
+def test_cost_model() -> None:
+    c = CostModel(alpha=1.0, prior={"nvme": (0.001, 1e9)})
+    assert c.expected("nvme", 10**9) == pytest.approx(1.001)
+    assert not c.affordable("nvme", 10**9, 0.5) and c.affordable("nvme", 10**6, 0.5)
+    c.observe("nvme", 10**8, 1.0, latency_s=0.0)
+    assert c.expected("nvme", 10**8) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_keys_markers_index_and_pins() -> None:
+    k = b"lmcv:t1:abcd:c:{0011}"
+    assert marker_of(k) == b"lmcv:t1:abcd:t:{0011}" and data_of(marker_of(k)) == k
+    assert split_data_key(k) == ("lmcv", "t1", "abcd", "0011")
+    idx = TierIndex()
+    idx.add(k, "s3", 10)
+    idx.add(k, "nvme", 10)
+    assert idx.tiers_of(k) == ["nvme", "s3"] and marker_value(idx.tiers_of(k)) == b"ns"
+    assert idx.discard(k, "nvme") == {"s3"} and idx.discard(k, "s3") == set() and k not in idx
+    idx.add(k, "nvme", 10, expires_ms=1)
+    assert idx.get(k) is None and idx.expired_keys() == [k]
+    p, ran = Pins(), []
+    with p.pin(k):
+        assert p.defer(k, lambda: ran.append(1))
+        assert ran == []
+    assert ran == [1] and not p.defer(k, lambda: None)
+
+
+def test_tiering_never_imports_store_or_integrations() -> None:
+    import ast
+    import pathlib
+
+    import lmcache_valkey.tiering as t
+
+    root = pathlib.Path(t.__file__).parent
+    for p in root.glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                mod = ("." * node.level) + node.module
+                assert "store" not in mod.split(".") or "object_store" in mod, (p.name, mod)
+                assert "integrations" not in mod and "fabric" not in mod, (p.name, mod)
+                if "aiobotocore" in mod or "botocore" in mod:
+                    assert p.name == "object_store.py", p.name
