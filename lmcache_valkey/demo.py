@@ -414,11 +414,17 @@ def _worker_continue(args: argparse.Namespace, spec: ModelSpec, result: dict[str
     if got:
         _say("B", f"loaded {got} chunks, {_mib(size)} in {best['load'] * 1000:.0f} ms "
                   f"({size / max(best['load'], 1e-9) / 1e9:.2f} GB/s)")
-    _say("B", f"time to first token with hit: {best['total'] * 1000:6.0f} ms  (lookup {best['lookup'] * 1000:.1f}"
-              f" + load {best['load'] * 1000:.0f} + to cache {best['build'] * 1000:.0f} + prefill of "
-              f"{len(tokens) - hit_tokens} tokens {best['prefill'] * 1000:.0f} ms)")
-    _say("B", f"time to first token, recompute: {t_full * 1000:4.0f} ms  (prefill of {len(tokens):,} tokens)"
-              f"  -> {speed:.1f}x faster with the hit")
+    if got:
+        _say("B", f"time to first token with hit: {best['total'] * 1000:6.0f} ms  (lookup "
+                  f"{best['lookup'] * 1000:.1f} + load {best['load'] * 1000:.0f} + to cache "
+                  f"{best['build'] * 1000:.0f} + prefill of {len(tokens) - hit_tokens} tokens "
+                  f"{best['prefill'] * 1000:.0f} ms)")
+        _say("B", f"time to first token, recompute: {t_full * 1000:4.0f} ms  (prefill of {len(tokens):,} tokens)"
+                  f"  -> {speed:.1f}x faster with the hit")
+    else:
+        _say("B", f"time to first token after a miss: {best['total'] * 1000:.0f} ms (lookup "
+                  f"{best['lookup'] * 1000:.1f} ms + prefill of {len(tokens):,} tokens); recompute alone "
+                  f"{t_full * 1000:.0f} ms")
     if got:
         _say("B", f"loaded KV vs recomputed KV: max |diff| {kv_diff:.1e} -> {'equal' if kv_close else 'DIFFERENT'}")
     _say("B", f"next-token logits, hit vs recompute: max |diff| {diff:.1e}, argmax {token_repr(a_hit)} vs "

