@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -29,13 +28,7 @@ def make_stack() -> Iterator[Callable[..., Stack]]:
 
 
 def put_and_wait(stack: Stack, keys: list[Any], objs: list[Any], timeout: float = 30.0) -> None:
-    """Submit a batched put through LMCache and wait until every key's write completed."""
-    done = threading.Semaphore(0)
-    stack.remote.batched_submit_put_task(keys, objs, on_complete_callback=lambda _k: done.release())
-    end = time.monotonic() + timeout
-    for _ in keys:
-        if not done.acquire(timeout=max(0.0, end - time.monotonic())):
-            raise AssertionError(f"puts not completed within {timeout}s")
+    stack.put_and_wait(keys, objs, timeout)
 
 
 def allocated_bytes(stack: Stack) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -82,6 +83,15 @@ class Stack:
             obj.tensor.view(torch.uint8).fill_(fill % 256)
         return obj
 
+    def put_and_wait(self, keys: list[Any], objs: list[Any], timeout: float = 60.0) -> None:
+        """Batched put through LMCache's RemoteBackend; returns once every key's write completed."""
+        done = threading.Semaphore(0)
+        self.remote.batched_submit_put_task(keys, objs, on_complete_callback=lambda _k: done.release())
+        end = time.monotonic() + timeout
+        for _ in keys:
+            if not done.acquire(timeout=max(0.0, end - time.monotonic())):
+                raise TimeoutError(f"puts not completed within {timeout}s")
+
     def connector_fmt(self) -> Any:
         from lmcache.v1.memory_management import MemoryFormat
 
@@ -111,6 +121,7 @@ def build_stack(
     cpu_gb: float = 1.0,
     blocking_timeout_secs: int = 10,
     extra: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Stack:
     """This plugin (``plugin_settings``) or a built-in connector (``remote_url``)."""
     cfg: dict[str, Any] = {
@@ -121,6 +132,7 @@ def build_stack(
         "blocking_timeout_secs": blocking_timeout_secs,
         "extra_config": dict(extra or {}),
     }
+    cfg.update(overrides or {})
     if plugin_settings is not None:
         cfg["remote_storage_plugins"] = [PLUGIN]
         cfg["extra_config"].update(plugin_extra_config(plugin_settings))
