@@ -193,6 +193,7 @@ static void apply_removals(lmcv_fabric *f, uint64_t *rm, int n) {
 static void *fabric_main(void *arg) {
     lmcv_fabric *f = arg;
     struct fi_cq_entry ent[32];
+    unsigned idle_us = 20;
     for (;;) {
         uint64_t rm[MAX_PEER_REMOVALS];
         int nrm = 0;
@@ -216,7 +217,7 @@ static void *fabric_main(void *arg) {
         uint64_t now = lmcv_now_ns();
         uint64_t nearest = sweep(f, now);
         if (nrm) apply_removals(f, rm, nrm);
-        if (n > 0 || n == -FI_EAVAIL || posted || !f->active) continue;
+        if (n > 0 || n == -FI_EAVAIL || posted || !f->active) { idle_us = 20; continue; }
         /* Nothing moved: wait for a completion, a new submission (fi_cq_signal) or the
          * nearest deadline, whichever comes first. The wait also drives the provider's
          * progress, which manual-progress providers need. */
@@ -226,8 +227,11 @@ static void *fabric_main(void *arg) {
             n = fi_cq_sread(f->cq, ent, 32, NULL, timeout_ms);
             handle_cq_result(f, n, ent);
         } else {
-            struct timespec ts = {0, 20000}; /* no wait object: short sleep, never a spin */
+            /* No wait object: sleep, backing off to 1 ms while nothing moves, so an op
+             * that never completes (shm, bad key) cannot turn this loop into a spin. */
+            struct timespec ts = {0, (long)idle_us * 1000L};
             nanosleep(&ts, NULL);
+            if (idle_us < 1000) idle_us *= 2;
         }
     }
     return NULL;

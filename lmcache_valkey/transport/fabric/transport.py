@@ -36,7 +36,7 @@ from lmcache_valkey.errors import (
 
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
-from .errors import ServerDeadline, UnregisteredBuffer, WindowTooSmall
+from .errors import ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +226,13 @@ class FabricTransport:
             # Backstop: the server answers by its deadline; past deadline+grace it is gone.
             reply = await asyncio.wait_for(conn.raw.read_response(), server_ms / 1000 + self._grace)
         except vexc.ResponseError as exc:
-            self._release(conn)  # the error reply was read whole: the connection is clean
             err = commands.map_error(str(exc))
+            if isinstance(err, TransferFailed):
+                # The provider may have torn down its link to us (tcp closes it on a bad
+                # key): start a fresh session on a new connection rather than reuse this one.
+                await self._drop(conn)
+            else:
+                self._release(conn)  # the error reply was read whole: the connection is clean
             if isinstance(err, ServerDeadline) and err.inflight:
                 self._quarantine.append(keep)
                 self.stats["quarantined"] += 1

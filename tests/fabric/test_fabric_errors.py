@@ -1,0 +1,165 @@
+"""Refusals and failures are clear errors, and no byte lands outside the buffers offered."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import valkey
+
+from lmcache_valkey.errors import DeadlineExceeded, ServerError
+from lmcache_valkey.transport.fabric import (
+    FabricTransport,
+    NoFabricSession,
+    TransferFailed,
+    UnregisteredBuffer,
+    WindowTooSmall,
+)
+
+MiB = 1 << 20
+GUARD = 0xA5
+
+
+def _guarded_arena(t: FabricTransport, size: int):
+    """A registered arena filled with a guard pattern; returns (view, region)."""
+    arena = bytearray([GUARD]) * size
+    region = t.register_buffer(arena)
+    return memoryview(arena), region
+
+
+async def _eventually(op, tries: int = 50):
+    for i in range(tries):
+        try:
+            return await op()
+        except TransferFailed:
+            if i == tries - 1:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def _untouched(mv: memoryview, start: int, end: int) -> bool:
+    return mv[start:end].tobytes().count(GUARD) == end - start
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
+def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provider):
+    srv = start_server(provider)
+    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
+            mv, region = _guarded_arena(t, 4 * MiB)
+            # tcp and sockets report the bad key; shm never completes the op, so the
+            # server's deadline ends it (and the client's, whichever comes first).
+            with pytest.raises((TransferFailed, DeadlineExceeded)):
+                await t.command("BLOB.GET", b"k", region.key + 1000, region.remote_addr(region.addr), MiB, timeout=2)
+            assert _untouched(mv, 0, 4 * MiB)
+            # The client recovers: tcp;ofi_rxm tears its link down on a bad key and
+            # reconnects within a moment. shm leaves the bad op pending forever and its
+            # queue to this peer with it: no recovery there (docs/fabric-failure-semantics.md).
+            if provider != "shm":
+                assert await _eventually(lambda: t.get_into(b"k", [mv[:MiB]], 10)) == MiB
+
+    asyncio.run(body())
+    info = srv.info()
+    assert info["xfers_failed"] + info["xfers_timedout"] >= 1
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
+def test_window_past_the_registered_region_is_refused_by_the_provider(start_server, provider):
+    srv = start_server(provider)
+    srv.client().execute_command("BLOB.SET", b"k", os.urandom(2 * MiB))
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
+            # Register only the middle of a larger buffer; the window runs past its end.
+            outer = bytearray([GUARD]) * (6 * MiB)
+            mv = memoryview(outer)
+            addr, _ = t.endpoint.address_of(mv)
+            region = t.register(addr + 2 * MiB, 2 * MiB)
+            start = region.remote_addr(region.addr + MiB)
+            with pytest.raises((TransferFailed, DeadlineExceeded)):
+                await t.command("BLOB.GET", b"k", region.key, start, 2 * MiB, timeout=2)
+            # Nothing beyond the registered region moved (inside it, a provider may have
+            # written the part of the window that was in range before failing).
+            assert _untouched(mv, 4 * MiB, 6 * MiB) and _untouched(mv, 0, 2 * MiB)
+            t.endpoint.deregister(region)
+
+    asyncio.run(body())
+
+
+def test_short_window_and_oversized_length_are_refused_before_any_byte_moves(start_server):
+    srv = start_server("tcp;ofi_rxm", arena_mb=16)
+    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port) as t:
+            mv, region = _guarded_arena(t, 4 * MiB)
+            with pytest.raises(WindowTooSmall, match="smaller than the object"):
+                await t.get_into(b"k", [mv[:1000]], 5, allow_partial=False)
+            assert _untouched(mv, 0, 4 * MiB)
+            # SET whose total exceeds the window offered.
+            with pytest.raises(WindowTooSmall):
+                await t.command("BLOB.SET", b"k2", 2 * MiB, region.key, region.remote_addr(region.addr), MiB)
+            # SET larger than the server's arena.
+            with pytest.raises(ServerError, match="TOOLARGE"):
+                await t.command("BLOB.SET", b"k2", 64 * MiB, region.key, region.remote_addr(region.addr), 64 * MiB)
+            # Malformed triples.
+            with pytest.raises(ServerError, match="triples"):
+                await t.command("BLOB.GET", b"k", region.key, region.remote_addr(region.addr), 0)
+            assert await t.get_into(b"k2", [mv[:MiB]], 5) is None
+
+    asyncio.run(body())
+    assert srv.info()["xfers_ok"] == 0
+
+
+def test_unregistered_buffer_is_refused_client_side(start_server):
+    srv = start_server("tcp;ofi_rxm")
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port) as t:
+            with pytest.raises(UnregisteredBuffer):
+                await t.get_into(b"k", [memoryview(bytearray(100))], 5)
+            with pytest.raises(UnregisteredBuffer):
+                await t.set_from(b"k", [memoryview(b"abc")], None, 5)
+
+    asyncio.run(body())
+
+
+def test_missing_hello_is_refused(start_server):
+    srv = start_server("tcp;ofi_rxm")
+    srv.client().execute_command("BLOB.SET", b"k", b"v" * 100)
+    plain = srv.client()
+    with pytest.raises(valkey.ResponseError, match="NOHELLO"):
+        plain.execute_command("BLOB.GET", b"k", 1, 4096, 100)
+    with pytest.raises(valkey.ResponseError, match="NOHELLO"):
+        plain.execute_command("BLOB.SET", b"k", 100, 1, 4096, 100)
+    with pytest.raises(valkey.ResponseError, match="not valid hex"):
+        plain.execute_command("BLOB.HELLO", "xyz")
+    # And through the client's error mapping:
+    from lmcache_valkey.transport.fabric import commands
+
+    assert isinstance(commands.map_error("NOHELLO send BLOB.HELLO first"), NoFabricSession)
+
+
+def test_hello_twice_and_sessions_released_on_disconnect(start_server):
+    srv = start_server("tcp;ofi_rxm")
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, connections=3) as t:
+            arena = bytearray(MiB)
+            t.register_buffer(arena)
+            with pytest.raises(ServerError, match="already established"):
+                await t.command("BLOB.HELLO", t.endpoint.name.hex())
+            await asyncio.gather(*(t.get_into(b"none", [memoryview(arena)[i * 1000 : (i + 1) * 1000]], 5) for i in range(3)))
+            assert srv.info()["sessions"] == t.stats["connections"]
+
+    asyncio.run(body())
+    # Disconnects are processed asynchronously by the server: poll briefly.
+    for _ in range(100):
+        info = srv.info()
+        if info["sessions"] == 0 and info["peers"] == 0:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert info["sessions"] == 0 and info["peers"] == 0
