@@ -162,3 +162,34 @@ def test_two_processes_share_chunks(valkey_server, make_stack, tmp_path):
     got = reader.remote.batched_get_blocking(keys)
     want = [payload(filled(reader, 50 + i)) for i in range(3)]
     assert [payload(g) for g in got] == want
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_rss_stays_flat_over_a_long_loop(valkey_server, make_stack):
+    stack = make_stack({"url": valkey_server.url})
+    lay = stack.layout
+    keys = [lay.key(i) for i in range(8)]
+
+    def cycle() -> None:
+        objs = [filled(stack, i) for i in range(8)]
+        put_and_wait(stack, keys, objs)
+        for o in objs:
+            o.ref_count_down()
+        for g in stack.remote.batched_get_blocking(keys):
+            g.ref_count_down()
+        stack.remote.batched_contains(keys)
+
+    for _ in range(50):  # warm up allocator pools, connection buffers, metric children
+        cycle()
+    before = _rss_bytes()
+    for _ in range(300):  # 300 x (8 puts + 8 gets + 1 lookup)
+        cycle()
+    grown = _rss_bytes() - before
+    assert grown < 16 << 20, f"RSS grew by {grown >> 20} MiB over 5,100 operations"
