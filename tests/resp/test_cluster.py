@@ -75,6 +75,8 @@ def test_moved_after_slot_migration(valkey_cluster) -> None:
             dst = next(s for s in valkey_cluster.servers if s is not src)
             valkey_cluster.migrate_slot(slot, dst)
             assert c._map.node_for(slot) == src.node  # the client's map is stale now
+            assert await c.exists_many([key, b"absent-key"], timeout=5) == [True, False]  # re-asked after MOVED
+            c._map.set(slot, src.node)  # stale again, for the GET below
             dest = bytearray(len(value))
             assert await c.get_into(key, [memoryview(dest)], timeout=10) == len(value)  # follows MOVED
             assert dest == value

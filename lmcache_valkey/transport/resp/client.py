@@ -302,14 +302,45 @@ class RespClient:
         return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
-        """Which keys exist. One pipelined round trip per node; raises the first error, if any."""
-        ops = [Op(i, (encode_command((b"EXISTS", k)),), None, k) for i, k in enumerate(keys)]
-        out: list[bool] = []
-        for r in await self._run(ops, large=False, timeout=timeout):
-            if isinstance(r, BaseException):
-                raise r
-            out.append(bool(r))
-        return out
+        """Which keys exist: pipelined EXISTS, one write and one round trip per node.
+
+        Raises the first error if any key could not be checked (DeadlineExceeded
+        past the deadline). Keys that answer MOVED/ASK are re-asked at their new node.
+        """
+        if not keys:
+            return []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        groups: dict[Node, list[int]] = {}
+        if self._cluster:
+            for i, k in enumerate(keys):
+                groups.setdefault(self._route(k), []).append(i)
+        else:
+            groups[self._primary] = list(range(len(keys)))
+        ops, order = [], []
+        for j, (node, idxs) in enumerate(groups.items()):
+            data = b"".join([b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(keys[i]), keys[i]) for i in idxs])
+            op = Op(j, (data,), None)
+            op.node, op.nreplies = node, len(idxs)
+            ops.append(op)
+            order.append(idxs)
+        out: list[Any] = [None] * len(keys)
+        redirected: list[int] = []
+        for idxs, values in zip(order, await self._run(ops, large=False, timeout=timeout)):
+            if isinstance(values, BaseException):
+                raise values
+            for i, v in zip(idxs, values):
+                if isinstance(v, ServerError) and (parse_redirect(v) or v.prefix == "TRYAGAIN"):
+                    redirected.append(i)
+                out[i] = v
+        if redirected:  # slots moved under us: per key, following redirections
+            ops = [Op(j, (encode_command((b"EXISTS", keys[i])),), None, keys[i]) for j, i in enumerate(redirected)]
+            for i, v in zip(redirected, await self._run(ops, large=False, timeout=max(0.0, deadline - loop.time()))):
+                out[i] = v
+        for v in out:
+            if isinstance(v, BaseException):
+                raise v
+        return [bool(v) for v in out]
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""

@@ -33,6 +33,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from ...config import Node, Settings, TLSSettings
@@ -68,6 +69,23 @@ def make_ssl_context(tls: TLSSettings) -> ssl.SSLContext:
     if tls.cert_file:
         ctx.load_cert_chain(tls.cert_file, tls.key_file)
     return ctx
+
+
+class _Gather:
+    """Collects the replies of a pipeline, then calls back once with the list."""
+
+    __slots__ = ("n", "values", "cb")
+
+    def __init__(self, n: int, cb: Callback) -> None:
+        self.n = n
+        self.values: list[Any] = []
+        self.cb = cb
+
+    def __call__(self, v: Any) -> None:
+        values = self.values
+        values.append(v)
+        if len(values) == self.n:
+            self.cb(values)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -162,10 +180,37 @@ class Connection(asyncio.BufferedProtocol):
         self.requests += 1
         self.parser.push_sink(sink)
         self._cbs.append(cb)
-        self._out.extend(parts)
-        if not self._paused:
-            self._pump()
+        if parts:
+            self._out.extend(parts)
+            if not self._paused:
+                self._pump()
         return True
+
+    def send_pipeline(self, data: bytes, n: int, cb: Callback) -> bool:
+        """Queue ``n`` small commands already encoded back to back in ``data``.
+
+        ``cb(values)`` runs once with the list of the ``n`` replies (error
+        replies and, if the connection breaks, ConnectionLost as elements).
+        """
+        if self.broken:
+            return False
+        if not self._cbs:
+            self.round_trips += 1
+        self.requests += n
+        self.parser.push_no_sinks(n)
+        self._cbs.extend(repeat(_Gather(n, cb), n))
+        if data:
+            self._out.append(data)
+            if not self._paused:
+                self._pump()
+        return True
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes whose replies were registered with ``send(())``/``send_pipeline(b"")``."""
+        if not self.broken and data:
+            self._out.append(data)
+            if not self._paused:
+                self._pump()
 
     def request(self, args: Sequence[Any], sink: Sequence[memoryview] | None = None) -> asyncio.Future[Any]:
         """Send a small command; the future resolves to its reply (errors as exceptions)."""

@@ -27,6 +27,7 @@ This module imports nothing from asyncio or the rest of the transport.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 from ...errors import ProtocolError, server_error
@@ -127,6 +128,10 @@ class ReplyParser:
 
     def push_sink(self, sink: Sink | None) -> None:
         self._sinks.append(sink)
+
+    def push_no_sinks(self, n: int) -> None:
+        """Expect ``n`` more replies without sinks."""
+        self._sinks.extend(repeat(None, n))
 
     @property
     def idle(self) -> bool:
@@ -324,11 +329,20 @@ class ReplyParser:
                     raise ProtocolError("reply line too long")
                 return
             kind = buf[start]
-            line = bytes(buf[start + 1:idx])
             self._start = idx + 2
             top_level = not self._stack
             if top_level:
-                self._sink = self._sinks.popleft() if self._sinks else None
+                sinks = self._sinks
+                sink = sinks.popleft() if sinks else None
+                if kind == 58:  # ':' fast path (pipelined EXISTS and friends)
+                    try:
+                        v = int(buf[start + 1:idx])
+                    except ValueError:
+                        raise ProtocolError(f"bad integer {bytes(buf[start + 1:idx])!r}") from None
+                    self._on_reply(v)
+                    continue
+                self._sink = sink
+            line = bytes(buf[start + 1:idx])
             if kind == 36:  # '$'
                 try:
                     n = int(line)

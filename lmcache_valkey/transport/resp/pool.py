@@ -185,7 +185,7 @@ class NodePool:
 class Op:
     """One command of a batch: encoded parts, optional sink, and a result slot."""
 
-    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key")
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies")
 
     def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
                  key: bytes | None = None) -> None:
@@ -196,6 +196,7 @@ class Op:
         self.node: Node | None = None
         self.slot = 0
         self.asking = False
+        self.nreplies = 0  # > 0: ``parts`` is a pipeline of that many small commands; the value is their reply list
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
@@ -223,21 +224,21 @@ class _Lane:
                 self._feed(c)
         else:  # pipeline everything on one connection: one write, one round trip
             c = conns[0]
-            parts: list[Any] = []
+            chunks: list[Any] = []
             ops = list(self.queue)
             self.queue.clear()
             for op in ops:
                 if op.asking:
-                    parts.append(_ASKING)
-                parts.extend(op.parts)
-            joined = [b"".join(parts)]
-            first = True
-            for op in ops:
-                if op.asking:
+                    chunks.append(_ASKING)
                     c.send((), None, _ignore)
-                if not c.send(joined if first else (), op.sink, self._cb(c, op)):
+                chunks.extend(op.parts)
+                if op.nreplies:
+                    ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op))
+                else:
+                    ok = c.send((), op.sink, self._cb(c, op))
+                if not ok:
                     self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
-                first = False
+            c.write(b"".join(chunks))
 
     def _cb(self, conn: Connection, op: Op) -> Callable[[Any], None]:
         def done(value: Any) -> None:
