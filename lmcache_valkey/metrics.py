@@ -80,31 +80,29 @@ PREFIX = "lmcache_valkey"
 # --- closed label sets -------------------------------------------------------------------
 TIERS = ("ram", "nvme", "s3")
 TRANSPORTS = ("resp", "fabric", "local")
-# Why a chunk that was asked for did not arrive.
+# Why a chunk that was asked for did not arrive (errors.py ``cause`` / CorruptChunk ``reason``).
 MISS_CAUSES = (
     "absent",  # not in this tier
     "deadline",  # past the operation's deadline
     "crc",  # CRC32C mismatch (bad copy deleted)
     "truncated",  # shorter than its header says
-    "foreign",  # header belongs to another namespace/format
+    "foreign",  # header belongs to another namespace
+    "format",  # unknown wire-format version
     "connection",  # connection lost or refused
     "acl",  # NOPERM / auth
     "oversized",  # larger than the destination buffer
-    "error",  # anything else
-)
-ERROR_CAUSES = (
-    "deadline",
-    "crc",
-    "truncated",
-    "foreign",
-    "connection",
-    "acl",
-    "oversized",
-    "oom",  # server refused a write (maxmemory)
+    "alloc",  # LMCache's CPU arena had no room for the destination
     "protocol",  # unexpected reply
     "io",  # local disk / object store I/O
+    "fabric",  # libfabric transfer failed
+    "nohello",  # fabric endpoint not introduced (HELLO) on this connection
+    "window",  # fabric transfer window exhausted
+    "unregistered",  # buffer outside the registered arena
+    "error",  # anything else
+)
+ERROR_CAUSES = tuple(c for c in MISS_CAUSES if c != "absent") + (
+    "oom",  # server refused a write (maxmemory)
     "overflow",  # bounded queue full
-    "error",
 )
 OPS = (
     "lookup",

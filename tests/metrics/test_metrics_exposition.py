@@ -382,3 +382,40 @@ def test_prometheus_server_scrapes_per_tier_hit_rate(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         srv.close()
+
+
+# --- the label values the rest of the package passes are all known ----------------------------
+def _package_sources() -> dict[str, str]:
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "lmcache_valkey")
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py") and f != "metrics.py":
+                path = os.path.join(dirpath, f)
+                with open(path, encoding="utf-8") as fh:
+                    out[os.path.relpath(path, root)] = fh.read()
+    return out
+
+
+def test_causes_used_in_the_package_are_known():
+    import re
+
+    found: dict[str, set] = {"cause": set(), "op": set(), "tier": set()}
+    for path, src in _package_sources().items():
+        # class attributes of typed errors (the store labels misses/errors with them)
+        found["cause"].update(re.findall(r'^\s+cause = "([a-z_]+)"', src, re.M))
+        # CorruptChunk("reason", ...)
+        found["cause"].update(re.findall(r'CorruptChunk\(\s*"([a-z_]+)"', src))
+        # record_miss(tier, "cause") / record_error("op", "cause") with literals
+        for tier, cause in re.findall(r'record_miss\(\s*"([a-z0-9_]+)"\s*,\s*"([a-z_]+)"', src):
+            found["tier"].add(tier)
+            found["cause"].add(cause)
+        for op, cause in re.findall(r'record_error\(\s*"([a-z_]+)"\s*,\s*"([a-z_]+)"', src):
+            found["op"].add(op)
+            found["cause"].add(cause)
+        found["op"].update(re.findall(r'observe_latency\(\s*"([a-z_]+)"', src))
+    assert found["cause"] <= set(metrics.MISS_CAUSES) | set(metrics.ERROR_CAUSES), (
+        found["cause"] - set(metrics.MISS_CAUSES) - set(metrics.ERROR_CAUSES)
+    )
+    assert found["op"] <= set(metrics.OPS), found["op"] - set(metrics.OPS)
+    assert found["tier"] <= set(metrics.TIERS), found["tier"] - set(metrics.TIERS)
