@@ -229,8 +229,7 @@ class _Stack:
         names = [n for n in self.stack.backends if n.startswith("RemoteBackend")]
         if not names or getattr(self.stack.backends[names[0]], "connection", None) is None:
             self.close()
-            raise RuntimeError(f"LMCache's remote backend for the {PLUGIN} plugin did not connect to {url} "
-                               f"(backends: {list(self.stack.backends)}; see the worker log)")
+            raise RuntimeError(f"LMCache's remote backend ({PLUGIN} plugin) did not connect to {url}; see the worker log")
         self.backend_name = names[0]
         self.remote = self.stack.backends[self.backend_name]
 
@@ -306,13 +305,13 @@ def _worker_prefill(args: argparse.Namespace, spec: ModelSpec, result: dict[str,
             t_prefill = time.perf_counter() - t0
         cache = _out_cache(out)
         chunks = stack.full_chunk_keys(tokens)
-        t0 = time.perf_counter()
         for s, e, _k in chunks:
             obj = stack.allocate()
             objs.append(obj)
             _chunk_from_cache(cache, spec.layers, s, e, obj.tensor)
         keys = [k for _s, _e, k in chunks]
         nbytes = sum(o.get_size() for o in objs)
+        t0 = time.perf_counter()
         stack.put_and_wait(keys, objs)
         t_store = time.perf_counter() - t0
         present = stack.remote.batched_contains(keys)
@@ -454,6 +453,13 @@ def _worker_main(argv: Sequence[str]) -> int:
     try:
         rc = (_worker_prefill if args.role == "prefill" else _worker_continue)(args, spec, result)
         return rc
+    except Exception as e:
+        import traceback
+
+        traceback.print_exc()  # to the worker log
+        _say("A" if args.role == "prefill" else "B", f"error: {type(e).__name__}: {e}")
+        result["error"] = f"{type(e).__name__}: {e}"
+        return rc
     finally:
         result["rc"] = rc
         if args.result:
@@ -554,9 +560,12 @@ def _run_worker(role: str, url: str, args: argparse.Namespace, workdir: str,
             result = json.load(f)
         result["rc"] = rc
     if rc != 0 and not args.verbose:
+        import re
+
         with open(log_path, errors="replace") as f:
-            tail = f.read()[-3000:]
-        print(f"[{role}] exited with {rc}; last lines of its log ({log_path}):\n{tail}", file=sys.stderr)
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln.rstrip()) for ln in f if ln.strip()][-12:]
+        tail = "\n".join("    " + ln[:300] for ln in lines)
+        print(f"  worker {role} exited with {rc}; the end of its log ({log_path}):\n{tail}", file=sys.stderr)
     return result
 
 
@@ -575,9 +584,16 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model_arguments(parser)
 
 
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     rc = 1
     workdir = tempfile.mkdtemp(prefix="lmcache-valkey-demo-")
+    old_term = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM, too, stops our server
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         rc = _run_demo(args, workdir)
         return rc
@@ -589,6 +605,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"FAIL: {type(e).__name__}: {e}", file=sys.stderr)
         return rc
     finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
         if rc == 0:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
