@@ -181,8 +181,14 @@ class FabricTransport:
             await asyncio.wait_for(self._sem.acquire(), max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise DeadlineExceeded("no connection became free before the deadline") from None
-        if self._idle:
-            return self._idle.pop()
+        while self._idle:
+            conn = self._idle.pop()
+            reader = getattr(conn.raw, "_reader", None)
+            if reader is not None and reader.at_eof():
+                # The server closed it while idle (restart): don't hand out a dead session.
+                await self._close_raw(conn)
+                continue
+            return conn
         try:
             return await asyncio.wait_for(self._new_conn(), max(0.001, deadline - loop.time()))
         except asyncio.TimeoutError:
@@ -201,6 +207,10 @@ class FabricTransport:
         # Never pool a connection that saw an error or cancellation mid-reply.
         assert self._sem is not None
         self._sem.release()
+        await self._close_raw(conn)
+
+    @staticmethod
+    async def _close_raw(conn: _Conn) -> None:
         try:
             await conn.raw.disconnect(nowait=True)
         except Exception:

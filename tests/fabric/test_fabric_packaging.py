@@ -1,0 +1,52 @@
+"""Without libfabric the package imports and works TCP-only; asking for the fabric path
+raises FabricUnavailable saying what to install. Teardown leaves no thread behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import asyncio
+import lmcache_valkey.transport.fabric as f
+from lmcache_valkey.errors import FabricUnavailable
+assert not f.available()
+try:
+    f.FabricTransport(data_path="rma")
+except FabricUnavailable as exc:
+    print("UNAVAILABLE:", exc)
+t = f.FabricTransport(data_path="bulk")  # TCP-only path needs no libfabric
+asyncio.run(t.close())
+print("BULK-OK")
+"""
+
+
+def test_without_libfabric_the_fabric_path_fails_clearly(tmp_path):
+    env = dict(os.environ, LMCACHE_VALKEY_LIBFABRIC_PREFIX=str(tmp_path / "no-libfabric"), XDG_CACHE_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "UNAVAILABLE:" in out.stdout and "libfabric-dev" in out.stdout
+    assert "BULK-OK" in out.stdout
+
+
+def test_close_stops_the_progress_thread(start_server):
+    from lmcache_valkey.transport.fabric import FabricTransport
+
+    srv = start_server("tcp;ofi_rxm")
+
+    async def body():
+        t = FabricTransport("127.0.0.1", srv.port)
+        arena = bytearray(1 << 20)
+        t.register_buffer(arena)
+        await t.connect()
+        assert any(th.name.startswith("fabric-progress") for th in threading.enumerate())
+        await t.close()
+
+    asyncio.run(body())
+    assert not any(th.name.startswith("fabric-progress") for th in threading.enumerate())
