@@ -184,3 +184,31 @@ def test_start_errors_are_clear(valkey_server) -> None:
         assert "127.0.0.1:1" in str(ei2.value)
 
     asyncio.run(main())
+
+
+def test_small_values_pipeline_large_values_stripe(valkey_server) -> None:
+    async def main() -> None:
+        c = await _client(valkey_server, connections_per_node=4)
+        try:
+            small = {b"s%d" % i: os.urandom(1000) for i in range(200)}
+            before = sum(c.round_trips().values())
+            assert await c.set_many([(k, [v]) for k, v in small.items()], ttl_s=None, timeout=10) == [None] * 200
+            bufs = {k: bytearray(1000) for k in small}
+            assert await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10) == [1000] * 200
+            assert all(bufs[k] == v for k, v in small.items())
+            # small values are pipelined (one round trip per batch), not one per key
+            assert sum(c.round_trips().values()) - before == 2
+            # large values: one in flight per connection, all 4 connections used
+            large = {b"l%d" % i: os.urandom(2 * MiB) for i in range(8)}
+            await c.set_many([(k, [v]) for k, v in large.items()], ttl_s=None, timeout=20)
+            pools = list(c._pools.values())
+            reqs_before = [conn.requests for p in pools for conn in p._all]
+            lbufs = {k: bytearray(2 * MiB) for k in large}
+            assert await c.get_many_into([(k, [memoryview(b)]) for k, b in lbufs.items()], timeout=20) == [2 * MiB] * 8
+            used = [conn.requests - r for conn, r in zip([x for p in pools for x in p._all], reqs_before)]
+            assert sum(used) == 8 and sum(1 for u in used if u) == 4
+            assert all(lbufs[k] == v for k, v in large.items())
+        finally:
+            await c.close()
+
+    asyncio.run(main())

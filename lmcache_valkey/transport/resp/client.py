@@ -37,7 +37,18 @@ MAX_REDIRECTS = 5
 TRYAGAIN_SLEEP_S = 0.02
 
 
-def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> list[Any]:
+def _set_op(index: int, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> Op:
+    data, size = _set_parts(key, parts, ttl_s)
+    return Op(index, data, None, key, size)
+
+
+def _get_op(index: int, key: bytes, bufs: Sequence[Any]) -> Op:
+    sink = _sink(bufs)
+    return Op(index, (b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key),), sink, key,
+              sum(len(b) for b in sink))
+
+
+def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> tuple[list[Any], int]:
     views = [p if isinstance(p, bytes) else as_byte_view(p) for p in parts]
     total = sum(len(v) for v in views)
     if ttl_s:
@@ -49,8 +60,8 @@ def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | N
         n = 3
     header = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(key), key, total)
     if total < SMALL_JOIN:
-        return [b"".join([header, *views, trailer])]
-    return [header, *(v for v in views if len(v)), trailer]
+        return [b"".join([header, *views, trailer])], total
+    return [header, *(v for v in views if len(v)), trailer], total
 
 
 def _sink(bufs: Sequence[Any]) -> list[memoryview]:
@@ -249,7 +260,7 @@ class RespClient:
         Bytes beyond the buffers' total capacity are dropped; a shorter value
         fills only the start. Raises TransportError (incl. DeadlineExceeded).
         """
-        (r,) = await self._run([Op(0, (encode_command((b"GET", key)),), _sink(bufs), key)], large=True, timeout=timeout)
+        (r,) = await self._run([_get_op(0, key, bufs)], large=True, timeout=timeout)
         return self._get_result(r, raise_=True)
 
     @staticmethod
@@ -265,7 +276,7 @@ class RespClient:
     async def get_many_into(
         self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
     ) -> list[int | None | TransportError]:
-        ops = [Op(i, (encode_command((b"GET", k)),), _sink(bufs), k) for i, (k, bufs) in enumerate(items)]
+        ops = [_get_op(i, k, bufs) for i, (k, bufs) in enumerate(items)]
         return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
     async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
@@ -290,7 +301,7 @@ class RespClient:
         self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
     ) -> None:
         """SET ``key`` to the concatenation of ``parts`` (sent as separate buffers, never joined)."""
-        (r,) = await self._run([Op(0, _set_parts(key, parts, ttl_s), None, key)], large=True, timeout=timeout)
+        (r,) = await self._run([_set_op(0, key, parts, ttl_s)], large=True, timeout=timeout)
         err = self._set_result(r)
         if err is not None:
             raise err
@@ -298,7 +309,7 @@ class RespClient:
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]:
-        ops = [Op(i, _set_parts(k, parts, ttl_s), None, k) for i, (k, parts) in enumerate(items)]
+        ops = [_set_op(i, k, parts, ttl_s) for i, (k, parts) in enumerate(items)]
         return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:

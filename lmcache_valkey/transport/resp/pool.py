@@ -185,11 +185,12 @@ class NodePool:
 class Op:
     """One command of a batch: encoded parts, optional sink, and a result slot."""
 
-    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies")
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "size")
 
     def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, size: int = 0) -> None:
         self.index = index
+        self.size = size  # value bytes this op moves (sink capacity or payload); paces pipelining
         self.parts = parts
         self.sink = sink
         self.key = key
@@ -200,6 +201,10 @@ class Op:
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
+# A connection of a "large" batch gets another op only while the value bytes it
+# has in flight stay within this budget: one multi-MiB value at a time, but
+# small values pipelined.
+PIPELINE_BUDGET = 1 << 20
 
 
 def _ignore(_: Any) -> None:
@@ -214,6 +219,7 @@ class _Lane:
         self.batch = batch
         self.large = large
         self.conns: list[Connection] = []
+        self.inflight: dict[Connection, int] = {}
 
     def start(self, conns: list[Connection]) -> None:
         self.conns = conns
@@ -221,6 +227,7 @@ class _Lane:
             return
         if self.large:
             for c in conns:
+                self.inflight[c] = 0
                 self._feed(c)
         else:  # pipeline everything on one connection: one write, one round trip
             c = conns[0]
@@ -244,6 +251,7 @@ class _Lane:
         def done(value: Any) -> None:
             self.batch.finish(op.index, value)
             if self.large:
+                self.inflight[conn] -= op.size
                 self._feed(conn)
         return done
 
@@ -257,12 +265,17 @@ class _Lane:
                 while q:
                     self.batch.finish(q.popleft().index, err)
             return
-        op = q.popleft()
-        if op.asking:
-            conn.send((_ASKING,), None, _ignore)
-        if not conn.send(op.parts, op.sink, self._cb(conn, op)):
-            q.appendleft(op)
-            self._feed(conn)
+        inflight = self.inflight
+        while q and (inflight[conn] == 0 or inflight[conn] + q[0].size <= PIPELINE_BUDGET):
+            op = q.popleft()
+            if op.asking:
+                conn.send((_ASKING,), None, _ignore)
+            inflight[conn] += op.size
+            if not conn.send(op.parts, op.sink, self._cb(conn, op)):
+                inflight[conn] -= op.size
+                q.appendleft(op)
+                self._feed(conn)
+                return
 
     def fail_rest(self, err: TransportError) -> None:
         q = self.queue
