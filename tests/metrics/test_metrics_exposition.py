@@ -3,19 +3,18 @@ label sets stay closed, and multiprocess mode aggregates two real processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
-import urllib.parse
 import urllib.request
 
 import pytest
+
+from promhelp import Prometheus, expected_hit_rates, hit_rate_query
+from promhelp import samples as _samples
 
 from lmcache_valkey import metrics
 
@@ -34,15 +33,6 @@ def _get(url: str) -> tuple[int, bytes, str]:
             return resp.status, resp.read(), resp.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(), exc.headers.get("Content-Type", "")
-
-
-def _samples(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def _exercise_every_function() -> None:
@@ -315,72 +305,23 @@ def test_multiprocess_live_gauges(tmp_path):
 
 
 # --- a real Prometheus server scrapes the module's /metrics ------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-HIT_RATE = (
-    "sum by (tier) (lmcache_valkey_hits_total{job='lmcv-test'}) / ("
-    "sum by (tier) (lmcache_valkey_hits_total{job='lmcv-test'}) + "
-    "sum by (tier) (lmcache_valkey_misses_total{job='lmcv-test'}))"
-)
-
-
 def test_prometheus_server_scrapes_per_tier_hit_rate(tmp_path):
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        pytest.fail("prometheus not found: run scripts/setup.sh (Debian package 'prometheus')")
     srv = metrics.start_http_server(0, "127.0.0.1")
     for _ in range(3):
         metrics.record_hit("ram", "resp", 10)
     metrics.record_miss("ram", "absent")
     metrics.record_hit("nvme", "local", 10)
     metrics.record_miss("nvme", "absent")
-    # the expected ratio includes what earlier tests in this process recorded
-    now = _samples(metrics.render_latest().decode())
-    want = {}
-    for tier in ("ram", "nvme"):
-        hits = sum(v for k, v in now.items() if k.startswith("lmcache_valkey_hits_total{") and f'tier="{tier}"' in k)
-        misses = sum(v for k, v in now.items() if k.startswith("lmcache_valkey_misses_total{") and f'tier="{tier}"' in k)
-        want[tier] = hits / (hits + misses)
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: lmcv-test\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{srv.port}']}}]\n"
-    )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "prometheus.log", "wb"),
-    )
+    # earlier tests in this process recorded too: compare with this process's own totals
+    want = expected_hit_rates(metrics.render_latest().decode())
+    prom = Prometheus(tmp_path / "prom", "lmcv-test", [f"127.0.0.1:{srv.port}"])
     try:
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": HIT_RATE})
-        got = {}
-        deadline = time.monotonic() + 90  # a timeout for a hung server, not a speed threshold
-        while time.monotonic() < deadline and set(got) < {"ram", "nvme"}:
-            time.sleep(0.5)
-            try:
-                code, body, _ = _get(url)
-            except (urllib.error.URLError, ConnectionError):
-                continue
-            if code == 200:
-                got = {r["metric"]["tier"]: float(r["value"][1]) for r in json.loads(body)["data"]["result"]}
-        assert set(got) >= {"ram", "nvme"}, (tmp_path / "prometheus.log").read_text()[-2000:]
+        result = prom.wait_for(hit_rate_query("lmcv-test"), lambda r: {"ram", "nvme"} <= {x["metric"]["tier"] for x in r})
+        got = {r["metric"]["tier"]: float(r["value"][1]) for r in result}
         assert got["ram"] == pytest.approx(want["ram"])
         assert got["nvme"] == pytest.approx(want["nvme"])
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        prom.stop()
         srv.close()
 
 
