@@ -212,3 +212,37 @@ def test_small_values_pipeline_large_values_stripe(valkey_server) -> None:
             await c.close()
 
     asyncio.run(main())
+
+
+def test_concurrent_batches_and_gets_share_the_pool(valkey_server) -> None:
+    import random
+
+    async def main() -> None:
+        c = await _client(valkey_server, connections_per_node=3)
+        try:
+            rng = random.Random(3)
+            values = {b"c%d" % i: rng.randbytes(rng.choice([10, 5000, 300_000, 1_500_000])) for i in range(60)}
+            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=30) == [None] * 60
+            keys = list(values)
+
+            async def batch(ks):
+                bufs = {k: bytearray(len(values[k]) + 7) for k in ks}
+                res = await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=30)
+                assert res == [len(values[k]) for k in ks]
+                assert all(bufs[k][: len(values[k])] == values[k] for k in ks)
+
+            async def single(k):
+                buf = bytearray(len(values[k]))
+                assert await c.get_into(k, [memoryview(buf)], timeout=30) == len(buf) and buf == values[k]
+
+            jobs = [batch(rng.sample(keys, 20)) for _ in range(6)] + [single(k) for k in rng.sample(keys, 15)]
+            jobs += [c.exists_many(keys, timeout=30) for _ in range(3)]
+            rng.shuffle(jobs)
+            await asyncio.gather(*jobs)
+            pool = next(iter(c._pools.values()))
+            assert len(pool._all) <= 3 and not pool._hungry
+            assert all(not conn.busy for conn in pool._all)
+        finally:
+            await c.close()
+
+    asyncio.run(main())

@@ -53,6 +53,7 @@ class NodePool:
         self._all: set[Connection] = set()
         self._connecting = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._hungry: deque[Any] = deque()  # batch lanes that could use another connection
         self._backoff = 0.0
         self._retry_at = 0.0
         self._last_error: TransportError | None = None
@@ -147,9 +148,30 @@ class NodePool:
             elif not conn.broken:
                 conn.close()
             self._forget(conn)
-        else:
-            self._idle.append(conn)
+            self._wake()
+            return
+        if not self._waiters:  # nobody waits for a first connection: feed a running batch
+            hungry = self._hungry
+            while hungry:
+                lane = hungry[0]
+                if not lane.hungry:
+                    hungry.popleft()
+                    continue
+                lane.adopt(conn)
+                if not lane.hungry or len(lane.conns) >= self.size:
+                    hungry.popleft()
+                return
+        self._idle.append(conn)
         self._wake()
+
+    def add_hungry(self, lane: Any) -> None:
+        self._hungry.append(lane)
+
+    def remove_hungry(self, lane: Any) -> None:
+        try:
+            self._hungry.remove(lane)
+        except ValueError:
+            pass
 
     def _forget(self, conn: Connection) -> None:
         if conn in self._all:
@@ -212,40 +234,62 @@ def _ignore(_: Any) -> None:
 
 
 class _Lane:
-    """One node's share of a batch, fed to its connections from reply callbacks."""
+    """One node's share of a batch, fed to its connections from reply callbacks.
 
-    def __init__(self, ops: list[Op], batch: "_Batch", large: bool) -> None:
+    In a large batch a connection whose work is done goes back to the pool at
+    once, and a connection released by someone else may be *adopted* by a lane
+    that still has queued ops (``NodePool`` hands it over), so concurrent
+    batches share the pool instead of one running serially on a single socket.
+    """
+
+    def __init__(self, pool: "NodePool", ops: list[Op], batch: "_Batch", large: bool) -> None:
+        self.pool = pool
         self.queue = deque(ops)
         self.batch = batch
         self.large = large
         self.conns: list[Connection] = []
+        self.pending: list[Connection] = []  # acquired, not started yet
         self.inflight: dict[Connection, int] = {}
 
+    @property
+    def hungry(self) -> bool:
+        return bool(self.queue) and not self.batch.stopped
+
     def start(self, conns: list[Connection]) -> None:
-        self.conns = conns
         if not conns:
             return
         if self.large:
             for c in conns:
-                self.inflight[c] = 0
-                self._feed(c)
-        else:  # pipeline everything on one connection: one write, one round trip
-            c = conns[0]
-            chunks: list[Any] = []
-            ops = list(self.queue)
-            self.queue.clear()
-            for op in ops:
-                if op.asking:
-                    chunks.append(_ASKING)
-                    c.send((), None, _ignore)
-                chunks.extend(op.parts)
-                if op.nreplies:
-                    ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op))
-                else:
-                    ok = c.send((), op.sink, self._cb(c, op))
-                if not ok:
-                    self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
-            c.write(b"".join(chunks))
+                self.adopt(c)
+            if self.hungry and len(self.conns) < self.pool.size:
+                self.pool.add_hungry(self)
+            return
+        # small: pipeline everything on one connection: one write, one round trip
+        c = conns[0]
+        self.conns.append(c)
+        for extra in conns[1:]:
+            self.pool.release(extra)
+        chunks: list[Any] = []
+        ops = list(self.queue)
+        self.queue.clear()
+        for op in ops:
+            if op.asking:
+                chunks.append(_ASKING)
+                c.send((), None, _ignore)
+            chunks.extend(op.parts)
+            if op.nreplies:
+                ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op))
+            else:
+                ok = c.send((), op.sink, self._cb(c, op))
+            if not ok:
+                self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
+        c.write(b"".join(chunks))
+
+    def adopt(self, conn: Connection) -> None:
+        """Take ``conn`` (exclusively) and start feeding it."""
+        self.conns.append(conn)
+        self.inflight[conn] = 0
+        self._feed(conn)
 
     def _cb(self, conn: Connection, op: Op) -> Callable[[Any], None]:
         def done(value: Any) -> None:
@@ -257,10 +301,10 @@ class _Lane:
 
     def _feed(self, conn: Connection) -> None:
         q = self.queue
-        if not q or self.batch.stopped:
-            return
-        if conn.broken:
-            if all(c.broken for c in self.conns):
+        if conn.broken or not q or self.batch.stopped:
+            if not conn.busy:
+                self._let_go(conn)
+            if q and not self.batch.stopped and not self.conns:
                 err = ConnectionLost(f"all connections to {conn.node.name} failed")
                 while q:
                     self.batch.finish(q.popleft().index, err)
@@ -276,6 +320,15 @@ class _Lane:
                 q.appendleft(op)
                 self._feed(conn)
                 return
+
+    def _let_go(self, conn: Connection) -> None:
+        """Give an idle (or broken) connection back to the pool before the batch ends."""
+        try:
+            self.conns.remove(conn)
+        except ValueError:
+            return
+        self.inflight.pop(conn, None)
+        self.pool.release(conn)
 
     def fail_rest(self, err: TransportError) -> None:
         q = self.queue
@@ -316,42 +369,49 @@ async def run_ops(
     """
     all_ops = [op for ops in groups.values() for op in ops]
     batch = _Batch(results, [op.index for op in all_ops])
-    lanes = {node: _Lane(ops, batch, large) for node, ops in groups.items()}
-    held: list[tuple[NodePool, Connection]] = []
+    lanes = [_Lane(pools(node), ops, batch, large) for node, ops in groups.items()]
 
-    async def get_conns(node: Node, lane: _Lane) -> None:
-        pool = pools(node)
-        want = min(len(lane.queue), pool.size) if large else 1
+    async def get_conns(lane: _Lane) -> None:
+        pool = lane.pool
+        if large:
+            units = max(1, sum(op.size for op in lane.queue) // PIPELINE_BUDGET)
+            want = min(len(lane.queue), pool.size, units)
+        else:
+            want = 1
+        got = lane.pending
         try:
-            first = await pool.acquire()
+            got.append(await pool.acquire())
         except TransportError as e:
             lane.fail_rest(e)
             return
-        held.append((pool, first))
-        conns = [first]
         if want > 1:
             async def extra() -> None:
                 c = await pool.acquire_extra()
                 if c is not None:
-                    held.append((pool, c))
-                    conns.append(c)
+                    got.append(c)
             await asyncio.gather(*(extra() for _ in range(want - 1)))
-        lane.start(conns)
+        lane.pending = []
+        lane.start(got)
 
     try:
         if len(lanes) == 1:
-            (node, lane), = lanes.items()
-            await get_conns(node, lane)
+            await get_conns(lanes[0])
         else:
-            await asyncio.gather(*(get_conns(n, l) for n, l in lanes.items()))
+            await asyncio.gather(*(get_conns(lane) for lane in lanes))
         if not batch.fut.done():
             await batch.fut
     except BaseException:
         batch.stopped = True  # unfinished slots stay PENDING; the caller names the cause
-        for _, c in held:
-            if c.busy:
-                c.abort(DeadlineExceeded("batch interrupted"))
+        for lane in lanes:
+            for c in lane.conns:
+                if c.busy:
+                    c.abort(DeadlineExceeded("batch interrupted"))
         raise
     finally:
-        for pool, c in held:
-            pool.release(c)
+        batch.stopped = True
+        for lane in lanes:
+            lane.pool.remove_hungry(lane)
+            conns = lane.conns + lane.pending
+            lane.conns, lane.pending = [], []
+            for c in conns:
+                lane.pool.release(c)
