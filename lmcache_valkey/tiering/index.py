@@ -127,6 +127,25 @@ class TierIndex:
         return out
 
 
+class ChunkRead:
+    """A verified chunk read from a lower tier: ``header`` (codec header) and ``payload``
+    are views of one buffer that may be pooled; call :meth:`release` when done with them
+    (after which the views must not be used)."""
+
+    __slots__ = ("header", "payload", "_release")
+
+    def __init__(self, header: memoryview, payload: memoryview, release: Callable[[], None] | None = None) -> None:
+        self.header, self.payload, self._release = header, payload, release
+
+    def release(self) -> None:
+        r, self._release = self._release, None
+        if r is not None:
+            r()
+
+    def __iter__(self):  # (header, payload) unpacking
+        return iter((self.header, self.payload))
+
+
 def marker_value(tiers: set[str] | list[str]) -> bytes:
     return "".join(TIER_LETTERS[t] for t in LOWER_TIERS if t in tiers).encode()
 

@@ -35,10 +35,11 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Sequence
 
+from .. import codec
 from ..config import Settings
 from ..errors import TransportError
 from . import _metrics, protocol
-from .index import LOWER_TIERS, TierIndex, marker_of, marker_value
+from .index import LOWER_TIERS, ChunkRead, TierIndex, marker_of, marker_value
 from .nvme import NvmeTier
 from .policy import Admission, CostModel, Demotion, MemoryState, parse_info_memory
 from .settings import TieringSettings
@@ -77,7 +78,7 @@ class TierManager:
         self._mem_at = 0.0
         self._closing = False
         self.stats_counters = {
-            "promotions": 0, "promotion_misses": 0, "promote_coalesced": 0, "skipped_cost": 0,
+            "promotions": 0, "promotion_misses": 0, "promote_coalesced": 0, "skipped_cost": 0, "already_in_ram": 0,
             "admitted": 0, "rejected": 0, "demoted": 0, "ram_evicted": 0, "deleted": 0, "expired": 0,
             "requests": 0, "bad_requests": 0,
         }
@@ -275,6 +276,12 @@ class TierManager:
         if e is None:
             self.stats_counters["promotion_misses"] += 1
             return False
+        try:  # staged meanwhile (another worker's promotion finished just before)?
+            if (await self.valkey.exists_many([key], timeout=min(self.timeout, max(0.001, deadline - time.monotonic()))))[0]:
+                self.stats_counters["already_in_ram"] += 1
+                return True
+        except TransportError:
+            pass
         for tier in self.index.tiers_of(key):
             remaining = deadline - time.monotonic()
             budget = min(self.ts.recompute_budget_s, remaining)
@@ -288,21 +295,26 @@ class TierManager:
                 continue
             self.cost.observe(tier, e.value_len, time.perf_counter() - r0)
             hdr, payload = got
-            if not await self._stage(key, [hdr, payload], e.expires_ms):
+            try:
+                staged = await self._stage(key, [hdr, payload], e.expires_ms)
+                if staged and tier == "s3" and self.nvme is not None and self.ts.promote_to_nvme and key not in self.nvme:
+                    value = memoryview(bytes(hdr) + bytes(payload))
+                    ttl = max(0, e.expires_ms - int(time.time() * 1000)) if e.expires_ms else 0
+                    self._spawn(self._copy_down(key, value, ttl))
+            finally:
+                got.release()
+            if not staged:
                 continue
             self.stats_counters["promotions"] += 1
             self.index.touch(key)
             _metrics.record_promotion(tier, e.value_len)
-            _metrics.record_hit(tier, payload.nbytes)
+            _metrics.record_hit(tier, e.value_len - codec.HEADER_SIZE)
             _metrics.observe_latency("promote", tier, time.perf_counter() - t0)
-            if tier == "s3" and self.nvme is not None and self.ts.promote_to_nvme and key not in self.nvme:
-                value = memoryview(bytes(hdr) + bytes(payload))
-                self._spawn(self._copy_down(key, value, max(0, e.expires_ms - int(time.time() * 1000)) if e.expires_ms else 0))
             return True
         self.stats_counters["promotion_misses"] += 1
         return False
 
-    async def _read_tier(self, tier: str, key: bytes, value_len: int) -> tuple[memoryview, memoryview] | None:
+    async def _read_tier(self, tier: str, key: bytes, value_len: int) -> ChunkRead | None:
         if tier == "nvme" and self.nvme is not None:
             return await self.nvme.read_value(key)
         if tier == "s3" and self.s3 is not None:

@@ -30,6 +30,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,7 @@ from typing import Callable, Sequence
 from .. import codec
 from ..errors import CorruptChunk
 from . import _metrics
-from .index import Pins
+from .index import ChunkRead, Pins
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,38 @@ def _align(n: int) -> int:
 def aligned_buffer(n: int) -> mmap.mmap:
     """A page-aligned, zeroed buffer of at least ``n`` bytes (rounded up to BLOCK)."""
     return mmap.mmap(-1, max(_align(n), BLOCK))
+
+
+class BufferPool:
+    """Reusable page-aligned buffers. Fresh anonymous memory costs a page fault per page on
+    first touch (more than the disk transfer on some VMs); pooled buffers are already
+    faulted in. Buffers are pooled by power-of-two size up to ``max_bytes`` in total."""
+
+    def __init__(self, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._pooled = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _class(n: int) -> int:
+        return max(BLOCK, 1 << (max(n, 1) - 1).bit_length())
+
+    def acquire(self, n: int) -> mmap.mmap:
+        size = self._class(n)
+        with self._lock:
+            lst = self._free.get(size)
+            if lst:
+                self._pooled -= size
+                return lst.pop()
+        return mmap.mmap(-1, size)
+
+    def release(self, buf: mmap.mmap) -> None:
+        size = len(buf)
+        with self._lock:
+            if self._pooled + size <= self.max_bytes:
+                self._free.setdefault(size, []).append(buf)
+                self._pooled += size
 
 
 @dataclass
@@ -123,6 +156,7 @@ class NvmeTier:
         self._reserved = 0
         self._writing: dict[bytes, asyncio.Future] = {}
         self.pins = Pins()
+        self.buffers = BufferPool()
         self.on_evict = on_evict
         self.stats = {
             "writes": 0, "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "evicted": 0,
@@ -286,7 +320,14 @@ class NvmeTier:
     def _write_file(self, key: bytes, views: list[memoryview], value_len: int, disk: int, expires_ms: int) -> bool:
         path = self.path_of(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        buf = aligned_buffer(disk)
+        buf = self.buffers.acquire(disk)
+        try:
+            return self._write_from(buf, path, key, views, value_len, disk, expires_ms)
+        finally:
+            self.buffers.release(buf)
+
+    def _write_from(self, buf: mmap.mmap, path: str, key: bytes, views: list[memoryview], value_len: int,
+                    disk: int, expires_ms: int) -> bool:
         header = bytearray(codec.HEADER_SIZE)
         # Gather the value: first HEADER_SIZE bytes -> header, the rest -> payload at PRELUDE.
         pos = 0
@@ -303,7 +344,10 @@ class NvmeTier:
             pos += n
         buf[: codec.HEADER_SIZE] = header
         rec = _encode_record(key, value_len, expires_ms)
-        buf[codec.HEADER_SIZE : codec.HEADER_SIZE + len(rec)] = rec
+        buf[codec.HEADER_SIZE : PRELUDE] = rec + bytes(PRELUDE - codec.HEADER_SIZE - len(rec))
+        tail = PRELUDE + value_len - codec.HEADER_SIZE
+        if tail < disk:
+            buf[tail:disk] = bytes(disk - tail)  # pooled buffer: zero the padding
         tmp = f"{path}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
         flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL | (O_DIRECT if self.direct else 0)
         fd = os.open(tmp, flags, 0o600)
@@ -345,8 +389,15 @@ class NvmeTier:
             os.close(fd)
 
     def _read_file(self, key: bytes, e: NvmeEntry) -> tuple[mmap.mmap, codec.Header]:
+        buf = self.buffers.acquire(e.disk_bytes)
+        try:
+            return self._read_to(buf, key, e)
+        except BaseException:
+            self.buffers.release(buf)
+            raise
+
+    def _read_to(self, buf: mmap.mmap, key: bytes, e: NvmeEntry) -> tuple[mmap.mmap, codec.Header]:
         path = self.path_of(key)
-        buf = aligned_buffer(e.disk_bytes)
         mv = memoryview(buf)
         try:
             n = self._pread_into(path, mv, 0, e.disk_bytes)
@@ -362,10 +413,11 @@ class NvmeTier:
         finally:
             mv.release()
 
-    async def read_value(self, key: bytes) -> tuple[memoryview, memoryview] | None:
-        """The chunk's (codec header, payload) as views of one aligned buffer, or None.
+    async def read_value(self, key: bytes) -> ChunkRead | None:
+        """The chunk's codec header and payload as views of one pooled aligned buffer, or None.
 
-        Verified (header, tier record, CRC32C). A corrupt file is counted and removed."""
+        Verified (header, tier record, CRC32C). A corrupt file is counted and removed.
+        Call ``release()`` on the result when done with the views."""
         e = self._lru.get(key)
         if e is None:
             self.stats["misses"] += 1
@@ -394,20 +446,23 @@ class NvmeTier:
         self.stats["hits"] += 1
         self.stats["bytes_read"] += e.value_len
         _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
-        return mv[: codec.HEADER_SIZE], mv[PRELUDE : PRELUDE + header.payload_len]
+        return ChunkRead(mv[: codec.HEADER_SIZE], mv[PRELUDE : PRELUDE + header.payload_len],
+                         lambda: self.buffers.release(buf))
 
     async def read_into(self, key: bytes, dest: memoryview) -> codec.Header | None:
         """Read the payload into ``dest`` (exactly the payload length); returns the header."""
         got = await self.read_value(key)
         if got is None:
             return None
-        hdr, payload = got
-        dest = memoryview(dest).cast("B")
-        if dest.nbytes != payload.nbytes:
-            _metrics.record_miss(self.tier, "oversized")
-            return None
-        dest[:] = payload
-        return codec.decode_header(hdr)
+        try:
+            dest = memoryview(dest).cast("B")
+            if dest.nbytes != got.payload.nbytes:
+                _metrics.record_miss(self.tier, "oversized")
+                return None
+            dest[:] = got.payload
+            return codec.decode_header(got.header)
+        finally:
+            got.release()
 
     def _corrupt(self, key: bytes, c: CorruptChunk) -> None:
         log.warning("nvme tier: corrupt chunk file %s (%s); removed", self.path_of(key), c)

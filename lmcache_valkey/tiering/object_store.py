@@ -36,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import codec
 from ..errors import ConnectionLost, CorruptChunk, DeadlineExceeded, TransportError
 from . import _metrics
-from .index import Pins, split_data_key
+from .index import ChunkRead, Pins, split_data_key
 from .policy import CircuitBreaker
 from .settings import TieringSettings
 
@@ -243,7 +243,7 @@ class ObjectTier:
                 self.stats["retries"] += 1
                 _metrics.record_error("flush", "io")
                 delay = min(2.0, 0.05 * (2 ** min(attempt, 6))) * (0.5 + random.random())
-                log.debug("object tier: upload failed (%s); retry in %.2fs", e, delay)
+                (log.warning if attempt == 1 else log.debug)("object tier: upload failed (%s); retrying", e)
                 await asyncio.sleep(delay)
                 continue
             self.breaker.success()
@@ -354,7 +354,7 @@ class ObjectTier:
             raise _map_error(e) from None
         return int(r["ContentLength"])
 
-    async def read_value(self, key: bytes, value_len: int | None = None) -> tuple[memoryview, memoryview] | None:
+    async def read_value(self, key: bytes, value_len: int | None = None) -> ChunkRead | None:
         """(codec header, payload) of a stored chunk, verified; None on a miss.
 
         Reads with parallel ranged GETs when the value is larger than ``s3_range_bytes``.
@@ -411,7 +411,7 @@ class ObjectTier:
         self.stats["hits"] += 1
         self.stats["bytes_read"] += value_len
         _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
-        return mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :]
+        return ChunkRead(mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :])
 
     def _gone(self, key: bytes) -> None:
         if self.on_gone is not None:

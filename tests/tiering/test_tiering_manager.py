@@ -312,7 +312,7 @@ def test_multipart_upload_and_parallel_ranged_get(valkey_server, moto_s3) -> Non
             assert m.s3.stats["multipart"] == 1
             await m.evict("ram", keys=[key])
             got = await m.s3.read_value(key, len(value))
-            assert got is not None and bytes(got[0]) + bytes(got[1]) == value
+            assert got is not None and bytes(got.header) + bytes(got.payload) == value
             assert await TierClient.embedded(m).promote(key, timeout=20.0)
             assert await ram_get(client, key, len(value)) == value
         finally:

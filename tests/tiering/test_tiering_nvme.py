@@ -139,7 +139,7 @@ def test_disk_full_refused_and_counted(tmp_path) -> None:
                 got = await t.read_value(k)
                 assert (got is not None) == good
                 if good:
-                    assert bytes(got[0]) + bytes(got[1]) == v
+                    assert bytes(got.header) + bytes(got.payload) == v
             await t.close()
 
         asyncio.run(main())
