@@ -127,8 +127,8 @@ class ModelSpec:
                 f"-seed{self.seed}")
 
     def describe(self) -> str:
-        return (f"Llama, {self.layers} layers, hidden {self.hidden}, {self.heads} heads / {self.kv_heads} KV heads, "
-                f"fp32, random weights (seed {self.seed})")
+        return (f"Llama {self.layers} layers, hidden {self.hidden}, {self.heads}/{self.kv_heads} KV heads, fp32, "
+                f"random weights (seed {self.seed})")
 
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -317,9 +317,8 @@ def _worker_prefill(args: argparse.Namespace, spec: ModelSpec, result: dict[str,
         present = stack.remote.batched_contains(keys)
         result.update(tokens=len(tokens), chunks=len(keys), stored=present, bytes=nbytes,
                       prefill_s=t_prefill, store_s=t_store)
-        _say("A", f"prefilled {len(tokens):,} tokens in {t_prefill:.2f} s; stored {len(keys)} chunks "
-                  f"({_mib(nbytes)}) via LMCache's {stack.backend_name} "
-                  f"in {t_store * 1000:.0f} ms")
+        _say("A", f"prefill {len(tokens):,} tokens: {t_prefill:.2f} s; stored {len(keys)} chunks "
+                  f"({_mib(nbytes)}) via {stack.backend_name}: {t_store * 1000:.0f} ms")
         if present != len(keys):
             _say("A", f"FAIL: only {present} of {len(keys)} chunks are readable after the put")
             return 1
@@ -408,26 +407,21 @@ def _worker_continue(args: argparse.Namespace, spec: ModelSpec, result: dict[str
         max_abs_diff=diff, kv_max_abs_diff=kv_diff, kv_match=kv_close,
         argmax_hit=a_hit, argmax_recompute=a_full, logits_match=match,
     )
-    _say("B", f"lookup: {got} of {len(keys)} chunks hit = {hit_tokens:,} of {len(tokens):,} prompt tokens "
-              f"cached by A")
+    _say("B", f"lookup: {got} of {len(keys)} chunks hit ({hit_tokens:,} of {len(tokens):,} prompt tokens)")
     if got:
-        _say("B", f"loaded {got} chunks, {_mib(size)} in {best['load'] * 1000:.0f} ms "
+        _say("B", f"loaded {_mib(size)} in {best['load'] * 1000:.0f} ms "
                   f"({size / max(best['load'], 1e-9) / 1e9:.2f} GB/s)")
-    if got:
-        _say("B", f"time to first token with hit: {best['total'] * 1000:6.0f} ms  (lookup "
-                  f"{best['lookup'] * 1000:.1f} + load {best['load'] * 1000:.0f} + to cache "
-                  f"{best['build'] * 1000:.0f} + prefill of {len(tokens) - hit_tokens} tokens "
-                  f"{best['prefill'] * 1000:.0f} ms)")
-        _say("B", f"time to first token, recompute: {t_full * 1000:4.0f} ms  (prefill of {len(tokens):,} tokens)"
+        _say("B", f"TTFT with hit: {best['total'] * 1000:6.0f} ms = lookup {best['lookup'] * 1000:.0f} + load "
+                  f"{best['load'] * 1000:.0f} + to cache {best['build'] * 1000:.0f} + prefill of "
+                  f"{len(tokens) - hit_tokens} tokens {best['prefill'] * 1000:.0f}")
+        _say("B", f"TTFT recompute:{t_full * 1000:6.0f} ms = prefill of {len(tokens):,} tokens"
                   f"  -> {speed:.1f}x faster with the hit")
+        _say("B", f"KV loaded vs recomputed: max |diff| {kv_diff:.1e} -> {'equal' if kv_close else 'DIFFERENT'}")
     else:
-        _say("B", f"time to first token after a miss: {best['total'] * 1000:.0f} ms (lookup "
-                  f"{best['lookup'] * 1000:.1f} ms + prefill of {len(tokens):,} tokens); recompute alone "
-                  f"{t_full * 1000:.0f} ms")
-    if got:
-        _say("B", f"loaded KV vs recomputed KV: max |diff| {kv_diff:.1e} -> {'equal' if kv_close else 'DIFFERENT'}")
-    _say("B", f"next-token logits, hit vs recompute: max |diff| {diff:.1e}, argmax {token_repr(a_hit)} vs "
-              f"{token_repr(a_full)} -> {'MATCH' if match else 'MISMATCH'}")
+        _say("B", f"TTFT after a miss: {best['total'] * 1000:.0f} ms = lookup {best['lookup'] * 1000:.0f} + "
+                  f"prefill of {len(tokens):,} tokens; recompute alone {t_full * 1000:.0f} ms")
+    _say("B", f"next-token logits, hit vs recompute: max |diff| {diff:.1e}, argmax {token_repr(a_hit)}"
+              f"{' = ' if a_hit == a_full else ' vs '}{token_repr(a_full)} -> {'MATCH' if match else 'MISMATCH'}")
     return 0 if match else 1
 
 
@@ -616,18 +610,20 @@ def run_demo(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace, workdir: str) -> int:
     spec = _model_spec(args)
     t_start = time.monotonic()
-    print("lmcache-valkey demo: worker B reuses the KV cache that worker A computed, through Valkey", flush=True)
+    print("lmcache-valkey demo: worker B reuses the KV cache worker A computed, via Valkey", flush=True)
     with contextlib.ExitStack() as es:
         if args.url:
             url = args.url
             print(f"  valkey  {url} (given)", flush=True)
         else:
             url, pid, version = es.enter_context(embedded_valkey(workdir))
-            print(f"  valkey  embedded valkey-server {version} at {url[len('valkey://'):]} (pid {pid})", flush=True)
+            print(f"  valkey  embedded valkey-server {version}, {url[len('valkey://'):]} (pid {pid})", flush=True)
         kv_chunk = 2 * spec.layers * args.chunk_size * spec.kv_heads * spec.head_dim * 4
         print(f"  model   {spec.describe()}", flush=True)
-        print(f"  prompt  shared prefix of {args.prefix_tokens:,} tokens (system prompt + operations manual) "
-              f"+ a question; chunk = {args.chunk_size} tokens = {_mib(kv_chunk)} of KV", flush=True)
+        print(f"  prompt  {args.prefix_tokens:,}-token shared prefix (system prompt + operations manual) "
+              f"+ a question", flush=True)
+        print(f"  chunks  {args.chunk_size} tokens = {_mib(kv_chunk)} of KV each, keyed by LMCache's token hashing",
+              flush=True)
         a = _run_worker("prefill", url, args, workdir)
         if a.get("rc") != 0:
             print("FAIL: worker A did not store its chunks", flush=True)
@@ -647,7 +643,7 @@ def _run_demo(args: argparse.Namespace, workdir: str) -> int:
               f"worker A's chunks ({elapsed:.0f} s)", flush=True)
         return 0 if ok else 1
     if b.get("rc") == 0 and hit > 0 and b.get("logits_match") is True:
-        print(f"PASS: worker B reused {hit} chunks of worker A's KV cache; its logits match a full recompute "
+        print(f"PASS: worker B reused {hit} of worker A's chunks; logits match a full recompute "
               f"({elapsed:.0f} s)", flush=True)
         return 0
     why = ("worker B failed" if "chunks_hit" not in b else "no chunk hit" if hit == 0

@@ -17,15 +17,16 @@ pytest.importorskip("lmcache")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _env() -> dict[str, str]:
+def _env(tmp: object) -> dict[str, str]:
     env = dict(os.environ)
+    env["TMPDIR"] = str(tmp)  # the demo's work dir (kept on failure) lands in the test's tmp_path
     env["PYTHONHASHSEED"] = "0"
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def _run(args: list[str], timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lmcache_valkey.demo", *args], cwd=ROOT, env=_env(),
+def _run(args: list[str], tmp: object, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lmcache_valkey.demo", *args], cwd=ROOT, env=_env(tmp),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -41,25 +42,25 @@ def _alive(pid: int) -> bool:
 def test_demo_hits_and_logits_match(tmp_path):
     """The README's command: embedded Valkey, worker A stores, worker B hits, logits match, exit 0."""
     out_json = tmp_path / "demo.json"
-    r = _run(["--json", str(out_json)])
+    r = _run(["--json", str(out_json)], tmp_path)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
 
-    m = re.search(r"embedded valkey-server [\d.]+ at 127\.0\.0\.1:\d+ \(pid (\d+)\)", r.stdout)
+    m = re.search(r"embedded valkey-server [\d.]+, 127\.0\.0\.1:\d+ \(pid (\d+)\)", r.stdout)
     assert m, text
     assert not _alive(int(m.group(1))), "the demo left its Valkey server running"
 
-    assert re.search(r"^\[A\] prefilled [\d,]+ tokens .* stored 8 chunks \(32\.0 MiB\) via LMCache's "
-                     r"RemoteBackend-valkey", r.stdout, re.M), text
-    assert re.search(r"^\[B\] lookup: 8 of 8 chunks hit = 2,048 of [\d,]+ prompt tokens", r.stdout, re.M), text
-    assert re.search(r"^\[B\] loaded 8 chunks, 32\.0 MiB in", r.stdout, re.M), text
-    assert re.search(r"^\[B\] time to first token with hit: +\d+ ms", r.stdout, re.M), text
-    assert re.search(r"^\[B\] time to first token, recompute: +\d+ ms", r.stdout, re.M), text
-    assert re.search(r"^\[B\] loaded KV vs recomputed KV: max \|diff\| \S+ -> equal$", r.stdout, re.M), text
-    assert re.search(r"^\[B\] next-token logits, hit vs recompute: max \|diff\| \S+, argmax .* -> MATCH$",
+    assert re.search(r"^\[A\] prefill [\d,]+ tokens: .* stored 8 chunks \(32\.0 MiB\) via RemoteBackend-valkey",
                      r.stdout, re.M), text
-    assert re.search(r"^PASS: worker B reused 8 chunks", r.stdout, re.M), text
-    assert len(r.stdout.splitlines()) <= 15 and max(map(len, r.stdout.splitlines())) <= 130, r.stdout
+    assert re.search(r"^\[B\] lookup: 8 of 8 chunks hit \(2,048 of [\d,]+ prompt tokens\)", r.stdout, re.M), text
+    assert re.search(r"^\[B\] loaded 32\.0 MiB in \d+ ms", r.stdout, re.M), text
+    assert re.search(r"^\[B\] TTFT with hit: +\d+ ms = lookup", r.stdout, re.M), text
+    assert re.search(r"^\[B\] TTFT recompute: *\d+ ms = prefill of [\d,]+ tokens +-> [\d.]+x", r.stdout, re.M), text
+    assert re.search(r"^\[B\] KV loaded vs recomputed: max \|diff\| \S+ -> equal$", r.stdout, re.M), text
+    assert re.search(r"^\[B\] next-token logits, hit vs recompute: max \|diff\| \S+, argmax (\S+) = (\S+) -> MATCH$",
+                     r.stdout, re.M), text
+    assert re.search(r"^PASS: worker B reused 8 of worker A's chunks; logits match", r.stdout, re.M), text
+    assert len(r.stdout.splitlines()) <= 15 and max(map(len, r.stdout.splitlines())) <= 100, r.stdout
 
     report = json.loads(out_json.read_text())
     a, b = report["a"], report["b"]
@@ -76,7 +77,7 @@ def test_other_model_gets_no_hits(valkey_server, tmp_path):
     """Another model (weight seed 1 -> other model name and weight fingerprint) never hits the
     chunks worker A (seed 0) stored; the same model, on the same server, still does."""
     out_json = tmp_path / "demo.json"
-    r = _run(["--url", valkey_server.url, "--b-seed", "1", "--repeats", "1", "--json", str(out_json)])
+    r = _run(["--url", valkey_server.url, "--b-seed", "1", "--repeats", "1", "--json", str(out_json)], tmp_path)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
     assert re.search(r"^\[B\] lookup: 0 of 8 chunks hit", r.stdout, re.M), text
@@ -91,7 +92,31 @@ def test_other_model_gets_no_hits(valkey_server, tmp_path):
     # Control: the chunks are there for the model that wrote them.
     result = tmp_path / "b0.json"
     r = _run(["worker", "--role", "continue", "--url", valkey_server.url, "--seed", "0", "--repeats", "1",
-              "--result", str(result)])
+              "--result", str(result)], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     b0 = json.loads(result.read_text())
     assert b0["chunks_hit"] == 8 and b0["logits_match"] is True and b0["revision"] == a["revision"]
+
+
+def test_server_stopped_when_demo_is_terminated(tmp_path):
+    """SIGTERM (or Ctrl-C) mid-run: the demo stops its worker and the Valkey server it started."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "lmcache_valkey.demo"], cwd=ROOT, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = None
+        for line in proc.stdout:  # type: ignore[union-attr]
+            m = re.search(r"embedded valkey-server .* \(pid (\d+)\)", line)
+            if m:
+                pid = int(m.group(1))
+                break
+        assert pid is not None and _alive(pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert not _alive(pid), "the demo left its Valkey server running"
