@@ -39,7 +39,8 @@ from .. import codec
 from ..config import Settings
 from ..errors import TransportError
 from . import _metrics, protocol
-from .index import LOWER_TIERS, ChunkRead, TierIndex, marker_of, marker_value
+from ..keys import Namespace
+from .index import LOWER_TIERS, ChunkRead, TierIndex, marker_of, marker_value, split_data_key
 from .nvme import NvmeTier
 from .policy import Admission, CostModel, Demotion, MemoryState, parse_info_memory
 from .settings import TieringSettings
@@ -78,7 +79,7 @@ class TierManager:
         self._mem_at = 0.0
         self._closing = False
         self.stats_counters = {
-            "promotions": 0, "promotion_misses": 0, "promote_coalesced": 0, "skipped_cost": 0, "already_in_ram": 0,
+            "promotions": 0, "promotion_misses": 0, "promote_coalesced": 0, "skipped_cost": 0, "already_in_ram": 0, "foreign": 0, "markers_restored": 0,
             "admitted": 0, "rejected": 0, "demoted": 0, "ram_evicted": 0, "deleted": 0, "expired": 0,
             "requests": 0, "bad_requests": 0,
         }
@@ -295,6 +296,10 @@ class TierManager:
                 continue
             self.cost.observe(tier, e.value_len, time.perf_counter() - r0)
             hdr, payload = got
+            if not self._compatible(key, hdr):
+                got.release()
+                await self._remove_lower([key], (tier,))
+                continue
             try:
                 staged = await self._stage(key, [hdr, payload], e.expires_ms)
                 if staged and tier == "s3" and self.nvme is not None and self.ts.promote_to_nvme and key not in self.nvme:
@@ -312,6 +317,20 @@ class TierManager:
             _metrics.observe_latency("promote", tier, time.perf_counter() - t0)
             return True
         self.stats_counters["promotion_misses"] += 1
+        return False
+
+    def _compatible(self, key: bytes, hdr: memoryview) -> bool:
+        """The copy's header names the key's namespace (else: foreign, counted, removed)."""
+        try:
+            prefix, tenant, digest, _cid = split_data_key(key)
+        except ValueError:
+            return True  # not our key layout: nothing to compare with
+        h = codec.decode_header(hdr)
+        if h.namespace_digest == Namespace(prefix, tenant, digest).digest_bytes:
+            return True
+        log.warning("tiering: copy of %r belongs to another namespace; removed", key)
+        self.stats_counters["foreign"] += 1
+        _metrics.record_miss("nvme", "foreign")
         return False
 
     async def _read_tier(self, tier: str, key: bytes, value_len: int) -> ChunkRead | None:
@@ -405,12 +424,29 @@ class TierManager:
             self._mem = None
         return removed
 
+    async def repair_markers(self) -> int:
+        """Re-create markers that Valkey lost (eviction under allkeys-* policies, restart)."""
+        keys = self.index.keys()
+        restored = 0
+        for i in range(0, len(keys), 1024):
+            batch = keys[i : i + 1024]
+            present = await self.valkey.exists_many([marker_of(k) for k in batch], timeout=self.timeout)
+            missing = [k for k, p in zip(batch, present) if not p]
+            await asyncio.gather(*(self._sync_marker(k) for k in missing))
+            restored += len(missing)
+        self.stats_counters["markers_restored"] += restored
+        return restored
+
     async def _demotion_loop(self) -> None:
+        last_repair = time.monotonic()
         while True:
             await asyncio.sleep(self.ts.demote_interval_s)
             try:
                 await self.expire_once()
                 await self.demote_once()
+                if time.monotonic() - last_repair >= self.ts.marker_repair_s:
+                    last_repair = time.monotonic()
+                    await self.repair_markers()
             except asyncio.CancelledError:
                 raise
             except TransportError as e:

@@ -55,6 +55,7 @@ class TieringSettings:
     breaker_reset_s: float = 5.0
     promote_to_nvme: bool = True  # an object-tier hit is also written to NVMe
     request_block_s: float = 1.0  # tierd's BLPOP wait on the request list
+    marker_repair_s: float = 300.0  # re-create tier markers Valkey lost (eviction), this often
 
     @property
     def enabled(self) -> bool:
@@ -206,6 +207,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "breaker_reset_s": _float(0.0),
     "promote_to_nvme": _bool,
     "request_block_s": _float(0.0, 60.0),
+    "marker_repair_s": _float(0.0),
 }
 KNOWN_KEYS = frozenset(_PARSERS)
 _FIELD = {"tiering": "mode"}

@@ -340,3 +340,62 @@ def test_expiry_follows_the_ram_ttl(small_valkey, nvme_dir) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def test_background_idle_demotion_keeps_chunks_reachable(small_valkey, nvme_dir) -> None:
+    """demote_idle_s: RAM copies idle longer than the threshold move out (OBJECT IDLETIME has
+    1 s resolution), markers stay, promotion brings them back; lost markers are repaired."""
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, demote_idle_s=1.0, demote_interval_s=0.2)
+        client = await resp_client(small_valkey)
+        m = TierManager(client.settings, ts, client)
+        await m.start()  # with the background loop
+        try:
+            items = [chunk(i, 50_000) for i in range(3)]
+            for key, value in items:
+                await client.set(key, [value], ttl_s=None, timeout=5.0)
+                m.note_put(key, len(value))
+            assert await m.flush(10.0)
+            keys = [k for k, _ in items]
+
+            async def ram_count() -> int:
+                return sum(await client.exists_many(keys, timeout=5.0))
+
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 30
+            while await ram_count():
+                assert loop.time() < end, "idle chunks were not demoted"
+                await asyncio.sleep(0.2)
+            assert m.stats()["manager"]["demoted"] == 3
+            assert all(await client.exists_many([marker_of(k) for k in keys], timeout=5.0))
+            await client.delete([marker_of(keys[0])], timeout=5.0)  # as if Valkey evicted it
+            assert await m.repair_markers() == 1
+            for key, value in items:
+                assert await m.promote(key, timeout=10.0)
+                assert await ram_get(client, key, len(value)) == value
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_copy_from_another_namespace_is_never_served(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        from lmcache_valkey.keys import Namespace
+
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        try:
+            other = Namespace(prefix="lmcv", tenant="t1", digest="f" * 32)
+            _, foreign_value = chunk(8, 10_000, ns=other)  # header names another namespace
+            key, _ = chunk(8, 10_000)
+            assert await m.nvme.write(key, [foreign_value])
+            m.index.add(key, "nvme", len(foreign_value))
+            assert not await m.promote(key, timeout=5.0)
+            assert m.stats()["manager"]["foreign"] == 1 and key not in m.nvme and key not in m.index
+            assert await client.exists_many([key], timeout=5.0) == [False]
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
