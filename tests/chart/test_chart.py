@@ -163,7 +163,8 @@ def test_defaults_standalone_shape():
     (cm,) = [c for c in _kind(docs, "ConfigMap")]
     conf = cm["data"]["valkey.conf"]
     assert "maxmemory 6gb" in conf and "maxmemory-policy allkeys-lru" in conf
-    assert "cluster-enabled" not in conf and "loadmodule" not in conf
+    assert "cluster-enabled" not in conf
+    assert "MODULE_PATH" not in {e["name"] for e in valkey["env"]}
 
 
 def test_full_values_shape():
@@ -206,8 +207,11 @@ def test_full_values_shape():
     (cm,) = [c for c in _kind(docs, "ConfigMap") if "valkey.conf" in c["data"]]
     conf = cm["data"]["valkey.conf"]
     for line in ("cluster-enabled yes", "tls-port 6379", "port 0", "aclfile /etc/valkey/acl/users.acl",
-                 "loadmodule /modules/lmcv_blob.so provider efa threads 4", "io-threads 4"):
+                 "io-threads 4"):
         assert line in conf.splitlines(), line
+    env = {e["name"]: e.get("value") for e in valkey["env"]}
+    assert env["MODULE_PATH"] == "/modules/lmcv_blob.so"
+    assert env["MODULE_ARGS"] == "bind $(POD_IP) provider efa arena_mb 16384"
     assert "--cluster-replicas 1" in cm["data"]["cluster-init.sh"]
     (dash,) = [c for c in _kind(docs, "ConfigMap") if "lmcache-valkey.json" in c["data"]]
     assert dash["metadata"]["namespace"] == "monitoring"
@@ -346,6 +350,8 @@ class _Pod:
         values.setdefault("valkey", {})["port"] = self.port
         docs = _docs(_render(values))
         (cm,) = [c for c in _kind(docs, "ConfigMap") if "valkey.conf" in c["data"]]
+        (sts,) = _kind(docs, "StatefulSet")
+        (container,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "valkey"]
         self.tmp = tmp
         etc, run, data = tmp / "etc", tmp / "run", tmp / "data"
         for d in (etc, run, data):
@@ -361,7 +367,17 @@ class _Pod:
             (etc / name).parent.mkdir(parents=True, exist_ok=True)
             (etc / name).write_text(text)
         self.etc = etc
-        self.env = {**os.environ, **{k: localize(v) for k, v in (env or {}).items()}}
+        # the container's environment as the kubelet would build it: fieldRefs resolved,
+        # $(VAR) expanded; secret-backed values come from ``env``
+        field_refs = {"metadata.name": "lmcv-0", "status.podIP": "127.0.0.1"}
+        pod_env: dict[str, str] = {}
+        for e in container.get("env", []):
+            if "value" in e:
+                pod_env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: pod_env.get(m.group(1), m.group(0)), e["value"])
+            elif "fieldRef" in e.get("valueFrom", {}):
+                pod_env[e["name"]] = field_refs[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        pod_env.update(env or {})
+        self.env = {**os.environ, **{k: localize(v) for k, v in pod_env.items()}}
         self.log = open(tmp / "valkey.log", "wb")
         # bind to loopback only in tests; the command line overrides valkey.conf
         self.proc = subprocess.Popen(
@@ -428,8 +444,7 @@ def test_rendered_config_runs_standalone(pod_factory):
 def test_rendered_config_runs_with_acl(pod_factory):
     acl = "user default off\nuser lmcv-ops on >ops-secret ~* &* +@all\nuser team-a on >a-secret ~lmcv:team-a:* -@all +@read +@write +@connection\n"
     values = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}}
-    env = {"SERVICE_USER": "lmcv-ops", "SERVICE_PASSWORD_FILE": "/etc/valkey/acl/ops-password",
-           "REDISCLI_AUTH": "ops-secret"}
+    env = {"REDISCLI_AUTH": "ops-secret"}  # from the Secret in a pod
     pod = pod_factory(values, env=env, files={"acl/users.acl": acl, "acl/ops-password": "ops-secret\n"})
     pod.wait_ready()
     # the replication credentials were written for replicas
@@ -444,10 +459,11 @@ def test_rendered_config_runs_with_acl(pod_factory):
 
 
 def test_rendered_config_runs_cluster_mode(pod_factory):
-    pod = pod_factory({"valkey": {"mode": "cluster"}}, env={"ANNOUNCE_HOSTNAME": "localhost"})
+    pod = pod_factory({"valkey": {"mode": "cluster"}})
     pod.wait_ready()
     assert "cluster_enabled:1" in pod.cli("info", "cluster")
-    assert "cluster-announce-hostname localhost" in (pod.tmp / "run" / "runtime.conf").read_text()
+    announced = f"lmcv-0.{RELEASE}-lmcache-valkey-headless.{NAMESPACE}.svc.cluster.local"
+    assert f"cluster-announce-hostname {announced}" in (pod.tmp / "run" / "runtime.conf").read_text()
     assert (pod.tmp / "data" / "nodes.conf").exists()
 
 
@@ -455,9 +471,14 @@ def test_rendered_config_loads_reference_module(pod_factory):
     module = ROOT / "endpoint" / "build" / "lmcv_blob.so"
     if not module.exists():
         pytest.skip("endpoint/build/lmcv_blob.so not built (make -C endpoint)")
-    pod = pod_factory({"valkey": {"module": {"enabled": True, "source": "image", "path": str(module)}}})
+    values = {"valkey": {"module": {"enabled": True, "source": "image", "path": str(module),
+                                    "args": ["provider", "tcp;ofi_rxm", "arena_mb", 64]}}}
+    pod = pod_factory(values)
     pod.wait_ready()
     assert "lmcv" in pod.cli("module", "list").lower()
+    # the fabric endpoint was bound to the pod IP (127.0.0.1 here) from MODULE_ARGS
+    runtime = (pod.tmp / "run" / "runtime.conf").read_text()
+    assert f"loadmodule {module} bind 127.0.0.1 provider tcp;ofi_rxm arena_mb 64" in runtime
 
 
 # --- the chart's tierd command line is one the real CLI accepts ---------------------------------
