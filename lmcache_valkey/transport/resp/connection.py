@@ -53,6 +53,9 @@ __all__ = ["Connection", "open_connection", "make_ssl_context"]
 SOCK_BUF = 4 << 20
 # Largest slice handed to transport.write() at once (see the send path above).
 WRITE_SLICE = 1 << 20
+# While a payload arrives on a plain socket, ask the kernel to wake us only when
+# this much (or the rest of the payload) is readable: fewer, bigger reads.
+RCVLOWAT_MAX = 1 << 20
 # Payloads smaller than this are joined with their header (one send() call).
 SMALL_JOIN = 8 << 10
 
@@ -100,6 +103,7 @@ class Connection(asyncio.BufferedProtocol):
         self._out: deque[Any] = deque()
         self._paused = False
         self._sock: socket.socket | None = None  # raw socket (plain TCP/Unix only)
+        self._lowat = 1
         self.broken = False
         self.closed: asyncio.Future[None] | None = None
         self.round_trips = 0  # requests sent while no reply was pending
@@ -127,7 +131,9 @@ class Connection(asyncio.BufferedProtocol):
         try:
             parser.buffer_updated(nbytes)
             sock = self._sock
-            if sock is not None and parser.filling:
+            if sock is None:
+                return
+            if parser.filling:
                 # Greedy: drain the socket straight into the destination.
                 recv_into = sock.recv_into
                 while parser.filling:
@@ -135,12 +141,22 @@ class Connection(asyncio.BufferedProtocol):
                     try:
                         n = recv_into(buf)
                     except (BlockingIOError, InterruptedError):
+                        if RCVLOWAT_MAX:
+                            # Wake us only when a big piece is there (never more
+                            # than the payload still due, so this cannot stall).
+                            want = min(parser.fill_left, RCVLOWAT_MAX)
+                            if want != self._lowat:
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                                self._lowat = want
                         return
                     except OSError:
                         return  # the transport sees the error on its next read
                     if not n:
                         return  # EOF: the transport sees it on its next read
                     parser.buffer_updated(n)
+            if self._lowat != 1:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+                self._lowat = 1
         except TransportError as e:  # ProtocolError
             self.abort(e)
 

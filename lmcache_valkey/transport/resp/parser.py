@@ -203,6 +203,11 @@ class ReplyParser:
             self.buffer_updated(n)
 
     @property
+    def fill_left(self) -> int:
+        """Payload bytes still due into the sink buffers (while :attr:`filling`)."""
+        return self._left
+
+    @property
     def filling(self) -> bool:
         """True while received bytes go straight into a sink buffer."""
         return self._mode == _FILL
