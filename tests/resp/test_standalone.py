@@ -160,6 +160,11 @@ def test_unix_socket_and_db(valkey_server) -> None:
             await c.set(b"u", [b"over unix"], ttl_s=None, timeout=2)
             buf = bytearray(32)
             assert await c.get_into(b"u", [memoryview(buf)], timeout=2) == 9 and buf[:9] == b"over unix"
+            big = os.urandom(8 * MiB + 3)
+            await c.set(b"big", [memoryview(big)], ttl_s=None, timeout=10)
+            dest = bytearray(len(big))
+            assert await c.get_many_into([(b"big", [memoryview(dest)])] * 2, timeout=10) == [len(big)] * 2
+            assert dest == big
             assert valkey_server.cmd("SELECT", 3) == b"OK"
             assert valkey_server.cmd("EXISTS", "u") == 0  # db 0 of a fresh connection
         finally:
