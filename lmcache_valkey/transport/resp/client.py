@@ -202,7 +202,13 @@ class RespClient:
                         if op.node is None:
                             op.node = self._route(op.key)
                         groups.setdefault(op.node, []).append(op)
-                    await run_ops(groups, self._pool, results, large=large)
+                    try:
+                        await run_ops(groups, self._pool, results, large=large)
+                    except TransportError as e:  # the client was closed under us
+                        for i, r in enumerate(results):
+                            if r is PENDING:
+                                results[i] = e
+                        break
                     if not self._cluster:
                         break
                     redo: list[Op] = []
@@ -218,6 +224,8 @@ class RespClient:
                         red = parse_redirect(r)
                         if red is not None and attempt < MAX_REDIRECTS:
                             kind, slot, node = red
+                            if not node.host and op.node is not None:  # "MOVED 12 :6380": same host
+                                node = Node(op.node.host, node.port)
                             op.node, op.asking = node, kind == "ASK"
                             if kind == "MOVED":
                                 self._map.set(slot, node)

@@ -121,6 +121,10 @@ class NodePool:
             self._waiters.append(fut)
             try:
                 await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled():
+                    self._wake()  # we were woken but are leaving: pass the turn on
+                raise
             finally:
                 if not fut.done():
                     fut.cancel()
