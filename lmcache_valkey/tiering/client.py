@@ -146,7 +146,8 @@ class TierClient:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
         try:
-            msg = {"op": op, "id": rid, "reply": self._rep, "ttl_ms": max(1, int(timeout * 1000)), **args}
+            msg = {"op": op, "id": rid, "reply": self._rep, "ttl_ms": max(1, int(timeout * 1000)),
+                   "sent_ms": int(time.time() * 1000), **args}
             t0 = time.monotonic()
             await self.valkey.command(b"RPUSH", self._req, protocol.pack(msg), key=self._req, timeout=timeout)
             if self._listener is None or self._listener.done():

@@ -300,8 +300,15 @@ class TierManager:
                 got.release()
                 await self._remove_lower([key], (tier,))
                 continue
+            if not self._wanted(key) or self.index.get(key) is None:
+                got.release()  # deleted or expired while we read: never resurrect it
+                self.stats_counters["promotion_misses"] += 1
+                return False
             try:
                 staged = await self._stage(key, [hdr, payload], e.expires_ms)
+                if staged and not self._wanted(key):  # deleted while staging
+                    await self.valkey.delete([key], timeout=self.timeout)
+                    staged = False
                 if staged and tier == "s3" and self.nvme is not None and self.ts.promote_to_nvme and key not in self.nvme:
                     value = memoryview(bytes(hdr) + bytes(payload))
                     ttl = max(0, e.expires_ms - int(time.time() * 1000)) if e.expires_ms else 0
@@ -565,9 +572,13 @@ class TierManager:
                 for k in msg.get("hit", ()):
                     self.note_hit(bytes(k))
                 return
-            ttl = max(0.001, int(msg.get("ttl_ms", 1000)) / 1000)
+            ttl_ms = int(msg.get("ttl_ms", 1000))
+            waited = int(time.time() * 1000) - int(msg.get("sent_ms", 0) or 0)
+            if msg.get("sent_ms") and 0 < waited:  # time spent in the list (clocks may differ: never negative)
+                ttl_ms -= waited
+            ttl = ttl_ms / 1000
             if op == "promote":
-                result = await self.promote(bytes(msg["key"]), timeout=ttl)
+                result = await self.promote(bytes(msg["key"]), timeout=ttl) if ttl > 0 else False
             elif op == "stats":
                 result = self.stats()
             elif op == "evict":
@@ -575,7 +586,7 @@ class TierManager:
                 pfx = bytes(msg["prefix"]) if msg.get("prefix") is not None else None
                 result = await self.evict(str(msg["tier"]), keys=keys, prefix=pfx)
             elif op == "drain":
-                result = await self.flush(float(msg.get("timeout_s", ttl)))
+                result = await self.flush(float(msg.get("timeout_s", max(ttl, 0.001))))
             elif op == "delete":
                 result = await self.delete([bytes(k) for k in msg["keys"]])
             else:

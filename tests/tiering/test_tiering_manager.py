@@ -399,3 +399,39 @@ def test_copy_from_another_namespace_is_never_served(small_valkey, nvme_dir) -> 
             await client.close()
 
     asyncio.run(main())
+
+
+def test_delete_during_promotion_never_resurrects_the_chunk(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        import os
+        import threading
+
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        try:
+            key, value = chunk(6, 100_000)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            m.note_put(key, len(value))
+            assert await m.flush(10.0)
+            await m.evict("ram", keys=[key])
+            entered, release = threading.Event(), threading.Event()
+            real = m.nvme._read_file
+
+            def slow_read(*a):
+                entered.set()
+                release.wait(10)
+                return real(*a)
+
+            m.nvme._read_file = slow_read
+            promo = asyncio.create_task(m.promote(key, timeout=10.0))
+            await asyncio.to_thread(entered.wait, 10)
+            await m.delete([key])  # while the NVMe read is in flight (the copy is pinned)
+            assert os.path.exists(m.nvme.path_of(key))
+            release.set()
+            assert not await promo
+            assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
+            assert not os.path.exists(m.nvme.path_of(key))
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
