@@ -67,6 +67,9 @@ async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = N
     """Run until SIGTERM/SIGINT (or ``stop``). Returns the process exit status."""
     from ..transport.resp import RespClient
 
+    if not logging.getLogger().handlers:  # a service logs to stderr unless the host configured logging
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
     settings = settings_from_mapping({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
     ts = tiering_settings_from_args(args)
     valkey = RespClient(replace(settings, connections_per_node=max(settings.connections_per_node, 8)))
@@ -140,6 +143,65 @@ async def evict(target: Any, tier: str, *, keys: Sequence[bytes] | None = None,
 async def drain(target: Any, *, timeout: float = 60.0) -> bool:
     """Wait until the flush backlog is empty (True) or ``timeout`` passes (False)."""
     return bool(await _control(target, "drain", {"timeout_s": timeout}, timeout + 5.0))
+
+
+# --- argparse glue for the CLI's control sub-commands (stats, evict, drain) --------------------
+def _add_control_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--valkey-url", "--url", dest="valkey_url", required=True,
+                   help="valkey://host:port of the Valkey that tierd serves")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--key-prefix", default="lmcv")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for tierd's answer")
+    if not any(a.dest == "json" for a in p._actions):
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_stats_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _add_control_arguments(p)
+    return p
+
+
+def add_evict_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _add_control_arguments(p)
+    p.add_argument("--tier", required=True, choices=("ram", "nvme", "s3"))
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--namespace", help="namespace digest (the third segment of a data key)")
+    g.add_argument("--key", action="append", help="a data key, e.g. 'lmcv:t1:<ns>:c:{<id>}' (repeatable)")
+    return p
+
+
+def add_drain_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _add_control_arguments(p)
+    return p
+
+
+async def _with_remote(args: argparse.Namespace, fn) -> Any:
+    from ..transport.resp import RespClient
+
+    settings = settings_from_mapping({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
+    valkey = RespClient(settings)
+    await valkey.start()
+    tc = TierClient.remote(valkey, settings)
+    try:
+        return await fn(tc)
+    finally:
+        await tc.close()
+        await valkey.close()
+
+
+async def tier_stats_command(args: argparse.Namespace) -> dict[str, Any]:
+    return await _with_remote(args, lambda tc: tier_stats(tc, timeout=args.timeout))
+
+
+async def evict_command(args: argparse.Namespace) -> int:
+    keys = [k.encode() for k in args.key] if args.key else None
+    return await _with_remote(args, lambda tc: evict(tc, args.tier, keys=keys, namespace=args.namespace,
+                                                     key_prefix=args.key_prefix, tenant=args.tenant,
+                                                     timeout=args.timeout))
+
+
+async def drain_command(args: argparse.Namespace) -> bool:
+    return await _with_remote(args, lambda tc: drain(tc, timeout=args.timeout))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
