@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 
 import pytest
 
+from lmcache_valkey.errors import ConnectionLost, ServerError
 from lmcache_valkey.transport.resp import RespClient
 from lmcache_valkey.transport.resp.cluster import hash_tag, key_slot
 
@@ -135,6 +137,53 @@ def test_cluster_no_uses_only_first_seed(valkey_cluster) -> None:
                        != valkey_cluster.servers[0].port)
             res = await c.get_many_into([(key, [memoryview(bytearray(4))])], timeout=5)
             assert getattr(res[0], "prefix", None) == "MOVED"
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> None:
+    async def main() -> None:
+        c = RespClient(valkey_cluster.settings(connections_per_node=2))
+        await c.start()
+        try:
+            values = {b"kv:%d" % i: os.urandom(MiB) for i in range(30)}
+            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 30
+            victim = valkey_cluster.servers[1]
+            on_victim = {k for k in values if c._route(k) == victim.node}
+            assert on_victim and len(on_victim) < 30
+            bufs = {k: bytearray(MiB) for k in values}
+            os.kill(victim.pid, signal.SIGSTOP)  # frozen: its GETs stay unanswered
+            batch = asyncio.ensure_future(c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=20))
+            for _ in range(2000):  # until the batch is waiting on the victim
+                if any(conn.busy for conn in c._pools[victim.node]._all):
+                    break
+                await asyncio.sleep(0.001)
+            victim.kill9()  # SIGKILL works on a stopped process
+            res = dict(zip(values, await batch))
+            for k, r in res.items():
+                if k in on_victim:
+                    assert isinstance(r, ConnectionLost), r
+                else:
+                    assert r == MiB and bufs[k] == values[k]
+            assert any(isinstance(res[k], ConnectionLost) for k in on_victim), [res[k] for k in on_victim]
+            with pytest.raises(ConnectionLost):
+                await c.exists_many(list(values), timeout=5)
+            # the node comes back on its port with its nodes.conf: same id, same slots (data gone)
+            victim.restart()
+            valkey_cluster.wait_ok()
+            k = next(iter(on_victim))
+            for _ in range(100):
+                try:
+                    found = await c.exists_many(list(values), timeout=2)
+                    break
+                except (ConnectionLost, ServerError):
+                    await asyncio.sleep(0.05)
+            assert found == [key not in on_victim for key in values]
+            await c.set(k, [b"back"], ttl_s=None, timeout=5)
+            buf = bytearray(4)
+            assert await c.get_into(k, [memoryview(buf)], timeout=5) == 4 and buf == b"back"
         finally:
             await c.close()
 
