@@ -344,8 +344,10 @@ VALKEY_CLI = shutil.which("valkey-cli")
 class _Pod:
     """The chart's valkey container, run locally: same config, start.sh and probe.sh."""
 
-    def __init__(self, tmp: Path, values: dict, env: dict | None = None, files: dict | None = None):
-        self.port = _free_port()
+    def __init__(self, tmp: Path, values: dict, env: dict | None = None, files: dict | None = None,
+                 port: int | None = None, ip: str = "127.0.0.1", name: str = "lmcv-0"):
+        self.port = port or _free_port()
+        self.ip = ip
         values = copy.deepcopy(values)
         values.setdefault("valkey", {})["port"] = self.port
         docs = _docs(_render(values))
@@ -361,15 +363,15 @@ class _Pod:
             text = text.replace("/etc/valkey/", f"{etc}/").replace("/run/valkey", str(run))
             return re.sub(r"(?<![\w/])/data\b", str(data), text)
 
-        for name, text in cm["data"].items():
-            (etc / name).write_text(localize(text))
-        for name, text in (files or {}).items():
-            (etc / name).parent.mkdir(parents=True, exist_ok=True)
-            (etc / name).write_text(text)
+        for fname, text in cm["data"].items():
+            (etc / fname).write_text(localize(text))
+        for fname, text in (files or {}).items():
+            (etc / fname).parent.mkdir(parents=True, exist_ok=True)
+            (etc / fname).write_text(text)
         self.etc = etc
         # the container's environment as the kubelet would build it: fieldRefs resolved,
         # $(VAR) expanded; secret-backed values come from ``env``
-        field_refs = {"metadata.name": "lmcv-0", "status.podIP": "127.0.0.1"}
+        field_refs = {"metadata.name": name, "status.podIP": ip}
         pod_env: dict[str, str] = {}
         for e in container.get("env", []):
             if "value" in e:
@@ -381,7 +383,8 @@ class _Pod:
         self.log = open(tmp / "valkey.log", "wb")
         # bind to loopback only in tests; the command line overrides valkey.conf
         self.proc = subprocess.Popen(
-            ["/bin/sh", str(etc / "start.sh"), "--bind", "127.0.0.1"],
+            # (bind-source-addr: outgoing cluster-bus links leave from the pod's own address)
+            ["/bin/sh", str(etc / "start.sh"), "--bind", ip, "--bind-source-addr", ip],
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
         )
 
@@ -394,13 +397,15 @@ class _Pod:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail("valkey-server exited: " + (self.tmp / "valkey.log").read_text()[-3000:])
-            if self.probe("ready").returncode == 0:
+            # probe.sh asks 127.0.0.1 (a pod binds every address); other loopback IPs: PING
+            ready = self.probe("ready").returncode == 0 if self.ip == "127.0.0.1" else self.cli("ping").strip() == "PONG"
+            if ready:
                 return
             time.sleep(0.1)
         pytest.fail("valkey-server never answered the readiness probe: " + (self.tmp / "valkey.log").read_text()[-3000:])
 
     def cli(self, *args: str) -> str:
-        out = subprocess.run([VALKEY_CLI, "-h", "127.0.0.1", "-p", str(self.port), *args], env=self.env,
+        out = subprocess.run([VALKEY_CLI, "-h", self.ip, "-p", str(self.port), *args], env=self.env,
                              capture_output=True, timeout=30)
         return out.stdout.decode()
 
@@ -503,3 +508,66 @@ def test_tierd_args_parse_with_the_real_cli(values):
     ts = tiering_settings_from_args(args)
     want = values.get("tierd", {}).get("nvme", {}).get("budgetBytes", 100000000000)
     assert ts.nvme_budget_bytes == want
+
+
+def _free_port_on(ips: list[str]) -> int:
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        socks = []
+        try:
+            for ip in ips:
+                for p in (port, port + 10000):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind((ip, p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port")
+
+
+def test_cluster_init_job_forms_the_cluster(pod_factory, tmp_path):
+    """The Job's cluster-init.sh against six pods of the rendered config (one loopback address
+    per pod, same port, like pod IPs); getent/valkey-cli see pod DNS names through a shim."""
+    values = {"valkey": {"mode": "cluster", "cluster": {"shards": 3, "replicasPerShard": 1}}}
+    ips = [f"127.0.0.{i + 2}" for i in range(6)]
+    port = _free_port_on(ips)
+    values["valkey"]["port"] = port
+    full, headless = f"{RELEASE}-lmcache-valkey", f"{RELEASE}-lmcache-valkey-headless"
+    names = {f"{full}-{i}.{headless}.{NAMESPACE}.svc.cluster.local": ip for i, ip in enumerate(ips)}
+    pods = [pod_factory(values, port=port, ip=ip, name=f"{full}-{i}") for i, ip in enumerate(ips)]
+    for pod in pods:
+        pod.wait_ready()
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    cases = "\n".join(f"    {n}) a={ip} ;;" for n, ip in names.items())
+    (shim / "getent").write_text(
+        "#!/bin/sh\n" + "".join(f'[ "$2" = {n} ] && echo "{ip} $2" && exit 0\n' for n, ip in names.items()) + "exit 2\n")
+    (shim / "valkey-cli").write_text(
+        "#!/bin/sh\nprev=\nfor a in \"$@\"; do\n  if [ \"$prev\" = -h ]; then\n  case \"$a\" in\n"
+        f"{cases}\n  esac\n  fi\n  prev=$a\n  set -- \"$@\" \"$a\"\n  shift\ndone\n"
+        f'exec {VALKEY_CLI} "$@"\n')
+    for f in shim.iterdir():
+        f.chmod(0o755)
+    (cm,) = [c for c in _kind(_docs(_render(values)), "ConfigMap") if "valkey.conf" in c["data"]]
+    script = tmp_path / "cluster-init.sh"
+    script.write_text(cm["data"]["cluster-init.sh"])
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    try:
+        first = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"cluster-init.sh hung: {(exc.stdout or b'')[-1500:]!r}\n" + pods[0].cli("cluster", "nodes"))
+    assert first.returncode == 0, (first.stdout + first.stderr).decode()[-3000:]
+    deadline = time.monotonic() + 60  # gossip convergence; a timeout, not a speed check
+    while "cluster_state:ok" not in (info := pods[0].cli("cluster", "info")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "cluster_state:ok" in info and "cluster_known_nodes:6" in info and "cluster_size:3" in info, info
+    roles = [p.cli("role").split()[0] for p in pods]
+    assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+    # post-upgrade: the Job runs again and leaves the formed cluster alone
+    again = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, timeout=120)
+    assert again.returncode == 0 and b"already formed" in again.stdout, (again.stdout + again.stderr).decode()
