@@ -571,3 +571,16 @@ def test_cluster_init_job_forms_the_cluster(pod_factory, tmp_path):
     # post-upgrade: the Job runs again and leaves the formed cluster alone
     again = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, timeout=120)
     assert again.returncode == 0 and b"already formed" in again.stdout, (again.stdout + again.stderr).decode()
+
+
+def test_rendered_config_runs_with_tls(pod_factory, tmp_path):
+    from support.servers import make_tls_files
+
+    tls = make_tls_files(tmp_path / "certs")
+    files = {f"tls/{k}": Path(v).read_text() for k, v in
+             (("ca.crt", tls.ca_file), ("tls.crt", tls.cert_file), ("tls.key", tls.key_file))}
+    pod = pod_factory({"tls": {"enabled": True, "existingSecret": "lmcv-tls"}}, files=files)
+    pod.wait_ready()  # probe.sh speaks TLS with the Secret's CA
+    assert "tls-port" in pod.cli("--tls", "--cacert", str(pod.etc / "tls" / "ca.crt"), "config", "get", "tls-port")
+    plain = subprocess.run([VALKEY_CLI, "-h", "127.0.0.1", "-p", str(pod.port), "ping"], capture_output=True, timeout=30)
+    assert b"PONG" not in plain.stdout  # no plaintext port
