@@ -13,7 +13,7 @@ to that directory, gauges aggregate with the ``multiprocess_mode`` given below, 
 ``MultiProcessCollector``. Otherwise the metrics live in the default registry, so a host
 process that already serves ``prometheus_client.REGISTRY`` (vLLM's ``/metrics``) exports them too.
 
-Never imports: anything else from this package.
+Design note: docs/metrics.md. Never imports: anything else from this package.
 """
 
 from __future__ import annotations
