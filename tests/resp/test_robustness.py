@@ -49,7 +49,14 @@ class Stopped:
 
 
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
-def test_interrupted_get_never_writes_into_the_buffer_afterwards(valkey_server, how: str) -> None:
+def test_interrupted_get_never_writes_into_the_buffer_afterwards(valkey_server, how: str, monkeypatch) -> None:
+    from lmcache_valkey.transport.resp import connection
+
+    # Small kernel buffers and short read bursts, so the transfer is surely
+    # half-way when we look, and the frozen server cannot have sent it all.
+    monkeypatch.setattr(connection, "SOCK_BUF", 64 * 1024)
+    monkeypatch.setattr(connection, "GREEDY_MAX", 256 * 1024)
+
     async def main() -> None:
         c = RespClient(valkey_server.settings(connections_per_node=1))
         await c.start()

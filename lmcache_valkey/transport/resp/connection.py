@@ -53,6 +53,8 @@ __all__ = ["Connection", "open_connection", "make_ssl_context"]
 SOCK_BUF = 4 << 20
 # Largest slice handed to transport.write() at once (see the send path above).
 WRITE_SLICE = 1 << 20
+# Most bytes read in one event-loop callback before yielding to other work.
+GREEDY_MAX = 8 << 20
 # While a payload arrives on a plain socket, ask the kernel to wake us only when
 # this much (or the rest of the payload) is readable: fewer, bigger reads.
 RCVLOWAT_MAX = 1 << 20
@@ -136,7 +138,8 @@ class Connection(asyncio.BufferedProtocol):
             if parser.filling:
                 # Greedy: drain the socket straight into the destination.
                 recv_into = sock.recv_into
-                while parser.filling:
+                budget = GREEDY_MAX
+                while parser.filling and budget > 0:
                     buf = parser.get_buffer(-1)
                     try:
                         n = recv_into(buf)
@@ -153,7 +156,10 @@ class Connection(asyncio.BufferedProtocol):
                         return  # the transport sees the error on its next read
                     if not n:
                         return  # EOF: the transport sees it on its next read
+                    budget -= n
                     parser.buffer_updated(n)
+                if parser.filling:
+                    return  # budget spent: let other callbacks run; the socket stays readable
             if self._lowat != 1:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
                 self._lowat = 1
