@@ -45,6 +45,11 @@ def test_cluster_batch_split_per_node(valkey_cluster) -> None:
             res = await c.get_many_into([(k, [memoryview(d)]) for k, d in dests.items()], timeout=20)
             assert res == [len(v) for v in values.values()]
             assert all(dests[k] == v for k, v in values.items())
+            # control commands and GETRANGE are routed by key
+            k0 = next(iter(values))
+            assert await c.command("STRLEN", k0, key=k0, timeout=2) == len(values[k0])
+            head = bytearray(100)
+            assert await c.getrange_into(k0, 10, memoryview(head), timeout=2) == 100 and head == values[k0][10:110]
             # exists_many: one round trip per node, never one per key
             keys = list(values) + [b"nope:%d" % i for i in range(200)]
             before = c.round_trips()
