@@ -67,7 +67,8 @@ class TierManager:
         self.s3 = None  # ObjectTier, imported lazily (aiobotocore stays optional)
         if ts.nvme_dir:
             self.nvme = NvmeTier(ts.nvme_dir, ts.nvme_budget_bytes, direct=ts.nvme_direct,
-                                 threads=ts.nvme_threads, on_evict=self._on_nvme_gone)
+                                 threads=ts.nvme_threads, on_evict=self._on_nvme_gone,
+                                 fsync_dir=ts.nvme_fsync_dir)
         self._promoting: dict[bytes, asyncio.Future[bool]] = {}
         self._copying: dict[bytes, asyncio.Task[bool]] = {}
         self._copy_sem = asyncio.Semaphore(8)

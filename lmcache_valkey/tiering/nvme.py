@@ -9,8 +9,10 @@ File layout (all offsets 4096-aligned so that O_DIRECT works)::
 
 The file is self-describing: :meth:`NvmeTier.start` rebuilds the index by reading the
 first block of each file. Writes go to ``<name>.tmp.<rand>``, are fsynced, renamed over the
-final name, and the directory is fsynced: a crash leaves either the old state or the new
-file, never a torn one (stale temp files are removed at start). Reads verify header, tier
+final name (the directory is fsynced too with ``nvme_fsync_dir``): a crash leaves either no
+file or the complete new one, never a torn one (stale temp files are removed at start). Without
+the directory fsync a crash may forget the last few renames — a cache miss, not corruption;
+the object tier, not NVMe, is the durable copy. Reads verify header, tier
 record and payload CRC32C; a bad file is a counted miss and is removed.
 
 All file I/O runs in a thread pool. Buffers are anonymous ``mmap`` (page aligned). Where
@@ -30,7 +32,6 @@ import logging
 import mmap
 import os
 import struct
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from typing import Callable, Sequence
 from .. import codec
 from ..errors import CorruptChunk
 from . import _metrics
+from .buffers import BufferPool
 from .index import ChunkRead, Pins
 
 log = logging.getLogger(__name__)
@@ -62,38 +64,6 @@ def _align(n: int) -> int:
 def aligned_buffer(n: int) -> mmap.mmap:
     """A page-aligned, zeroed buffer of at least ``n`` bytes (rounded up to BLOCK)."""
     return mmap.mmap(-1, max(_align(n), BLOCK))
-
-
-class BufferPool:
-    """Reusable page-aligned buffers. Fresh anonymous memory costs a page fault per page on
-    first touch (more than the disk transfer on some VMs); pooled buffers are already
-    faulted in. Buffers are pooled by power-of-two size up to ``max_bytes`` in total."""
-
-    def __init__(self, max_bytes: int = 512 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._free: dict[int, list[mmap.mmap]] = {}
-        self._pooled = 0
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _class(n: int) -> int:
-        return max(BLOCK, 1 << (max(n, 1) - 1).bit_length())
-
-    def acquire(self, n: int) -> mmap.mmap:
-        size = self._class(n)
-        with self._lock:
-            lst = self._free.get(size)
-            if lst:
-                self._pooled -= size
-                return lst.pop()
-        return mmap.mmap(-1, size)
-
-    def release(self, buf: mmap.mmap) -> None:
-        size = len(buf)
-        with self._lock:
-            if self._pooled + size <= self.max_bytes:
-                self._free.setdefault(size, []).append(buf)
-                self._pooled += size
 
 
 @dataclass
@@ -144,12 +114,15 @@ class NvmeTier:
         threads: int = 4,
         on_evict: Callable[[bytes], None] | None = None,
         fsync: bool = True,
+        fsync_dir: bool = False,
     ) -> None:
         self.root = os.path.abspath(root)
         self.budget = budget_bytes
         self.want_direct = direct and bool(O_DIRECT)
         self.direct = False
         self.fsync = fsync
+        self.fsync_dir = fsync_dir
+        self._dirs: set[str] = set()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lmcv-nvme")
         self._lru: OrderedDict[bytes, NvmeEntry] = OrderedDict()
         self._used = 0
@@ -319,7 +292,10 @@ class NvmeTier:
 
     def _write_file(self, key: bytes, views: list[memoryview], value_len: int, disk: int, expires_ms: int) -> bool:
         path = self.path_of(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        parent = os.path.dirname(path)
+        if parent not in self._dirs:
+            os.makedirs(parent, exist_ok=True)
+            self._dirs.add(parent)
         buf = self.buffers.acquire(disk)
         try:
             return self._write_from(buf, path, key, views, value_len, disk, expires_ms)
@@ -358,14 +334,14 @@ class NvmeTier:
                 n = os.pwrite(fd, mv[off : min(disk, off + _IO_PIECE)], off)
                 off += n
             if self.fsync:
-                os.fsync(fd)
+                os.fdatasync(fd)  # data + what is needed to read it back (size, extents)
         except BaseException:
             os.close(fd)
             _unlink(tmp)
             raise
         os.close(fd)
         os.replace(tmp, path)
-        if self.fsync:
+        if self.fsync_dir:
             dfd = os.open(os.path.dirname(path), os.O_RDONLY)
             try:
                 os.fsync(dfd)

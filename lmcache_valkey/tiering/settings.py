@@ -29,6 +29,7 @@ class TieringSettings:
     nvme_budget_bytes: int = 64 << 30
     nvme_direct: bool = True  # O_DIRECT when the filesystem accepts it
     nvme_threads: int = 4
+    nvme_fsync_dir: bool = False  # also fsync the directory after each rename (slower; see nvme.py)
     # Object (cold) tier; None disables it.
     s3_bucket: str | None = None
     s3_prefix: str = "lmcache-valkey"
@@ -183,6 +184,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "nvme_budget_bytes": _size,
     "nvme_direct": _bool,
     "nvme_threads": _int(1, 64),
+    "nvme_fsync_dir": _bool,
     "s3_bucket": _bucket,
     "s3_prefix": _prefix,
     "s3_endpoint_url": _endpoint,
