@@ -1,4 +1,4 @@
-"""``lmcache-valkey``: demo, tierd, doctor, stats, evict, bench.
+"""``lmcache-valkey``: demo, tierd, doctor, stats, evict, drain, bench.
 
 Exit codes: 0 success, 1 the operation or a check failed, 2 bad usage or settings.
 Connection flags are shared; ``--config`` reads the plugin's keys out of an
@@ -99,6 +99,14 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_drain(args: argparse.Namespace) -> int:
+    from .tiering.service import drain_command
+
+    drained = asyncio.run(drain_command(args))
+    print(json.dumps({"drained": drained}) if args.json else ("flush backlog drained" if drained else "flush backlog NOT drained in time"))
+    return EXIT_OK if drained else EXIT_FAIL
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .quickbench import run_quickbench
 
@@ -106,7 +114,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmcache-valkey", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="lmcache-valkey", description="A shared, tiered KV-cache store for LMCache on Valkey.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="two workers share a prefix's KV cache through an embedded Valkey")
@@ -138,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext, func in (
         ("stats", "per-tier statistics", _cmd_stats),
         ("evict", "evict a namespace or keys from one tier", _cmd_evict),
+        ("drain", "wait until tierd's write-behind backlog is flushed", _cmd_drain),
     ):
         p = sub.add_parser(name, help=helptext)
         try:

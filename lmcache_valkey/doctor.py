@@ -163,31 +163,44 @@ class Doctor:
         if self.settings.transport == "tcp":
             self.add("fabric", SKIP, "transport is tcp")
             return
+        from .errors import FabricUnavailable
+        from .transport.fabric import FabricEndpoint, libfabric_version
+
+        status = FAIL if self.settings.transport == "fabric" else WARN
+        provider = self.fabric_provider or self.settings.fabric.provider or "tcp;ofi_rxm"
         try:
-            from .transport.fabric import available_providers
-        except Exception as e:
-            status = FAIL if self.settings.transport == "fabric" else WARN
-            self.add("fabric", status, f"libfabric is not usable here: {e}",
-                     "install libfabric (Debian: apt-get install libfabric-dev libfabric-bin; AWS: the EFA installer) or set transport: tcp")
+            version = libfabric_version()
+            with FabricEndpoint(provider, node=self.settings.fabric.bind_addr or "127.0.0.1") as ep:
+                opened = ep.provider
+        except FabricUnavailable as e:
+            self.add("fabric", status, str(e),
+                     "install libfabric (Debian: apt-get install libfabric-dev libfabric-bin; AWS: the EFA installer), "
+                     "pick an offered provider in fabric_provider (see `fi_info -l`), or set transport: tcp")
             return
-        provs = available_providers()
-        want = self.fabric_provider or self.settings.fabric.provider
-        if want and want not in provs:
-            self.add("fabric", FAIL, f"provider {want!r} not offered here (have: {', '.join(provs) or 'none'})",
-                     "choose one of those in fabric_provider, or fix the driver (EFA: check the device plugin / vpc.amazonaws.com/efa resource)")
-        else:
-            self.add("fabric", OK, f"libfabric providers: {', '.join(provs)}")
+        self.add("fabric", OK, f"libfabric {version}: provider {opened} opens")
 
     async def _s3(self) -> None:
-        from .tiering.object_store import probe_bucket
+        from .tiering.object_store import ObjectTier
+        from .tiering.settings import TieringSettings
 
+        ts = TieringSettings(mode="service", s3_bucket=self.s3_bucket, s3_endpoint_url=self.s3_endpoint_url,
+                             s3_prefix=self.s3_prefix or "lmcache-valkey", s3_timeout_s=5.0)
+        tier = ObjectTier(ts)
         try:
-            detail = await probe_bucket(self.s3_bucket, endpoint_url=self.s3_endpoint_url, prefix=self.s3_prefix)
+            await tier.start()
+            n = 0
+            async for _ in tier.list_objects(self.settings.tenant):
+                n += 1
+                if n >= 1000:
+                    break
         except LmcacheValkeyError as e:
             self.add("s3", FAIL, f"bucket {self.s3_bucket!r}: {e}",
-                     "check the endpoint URL, credentials (AWS_* env, IRSA role) and that the bucket exists")
+                     "check s3_endpoint_url, credentials (AWS_* env, IRSA role annotation) and that the bucket exists")
             return
-        self.add("s3", OK, detail)
+        finally:
+            await tier.close()
+        shown = f"{n}+" if n >= 1000 else str(n)
+        self.add("s3", OK, f"bucket {self.s3_bucket!r} reachable; {shown} chunk object(s) for tenant {self.settings.tenant!r}")
 
 
 def render(checks: list[Check], as_json: bool) -> str:

@@ -1,0 +1,111 @@
+"""`lmcache-valkey doctor` names each failure it claims to detect, when that failure is staged."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from support.servers import ValkeyServer, free_port, make_tls_files
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
+
+
+def doctor(*args: str) -> tuple[int, dict[str, dict]]:
+    p = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "doctor", "--json", *args],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 2:
+        return 2, {"usage": {"status": "fail", "detail": p.stderr}}
+    checks = {c["name"]: c for c in json.loads(p.stdout)}
+    return p.returncode, checks
+
+
+def test_healthy_server_passes(valkey_server):
+    valkey_server.cmd("CONFIG", "SET", "maxmemory", "64mb")
+    valkey_server.cmd("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    code, checks = doctor("--url", valkey_server.url, "--transport", "tcp")
+    assert code == 0, checks
+    assert checks["connect"]["status"] == "ok"
+    assert "Valkey 9.1" in checks["server"]["detail"]
+    assert checks["memory"]["status"] == "ok" and checks["acl"]["status"] == "ok"
+
+
+def test_unbounded_memory_is_a_warning_not_a_failure(valkey_server):
+    code, checks = doctor("--url", valkey_server.url, "--transport", "tcp")
+    assert code == 0 and checks["memory"]["status"] == "warn" and "maxmemory" in checks["memory"]["fix"]
+
+
+def test_wrong_password_is_named(valkey_server, tmp_path):
+    valkey_server.cmd("CONFIG", "SET", "requirepass", "right")
+    pw = tmp_path / "pw"
+    pw.write_text("wrong")
+    code, checks = doctor("--url", valkey_server.url, "--password-file", str(pw), "--transport", "tcp")
+    assert code == 1
+    assert checks["auth"]["status"] == "fail" and "password" in checks["auth"]["fix"]
+
+
+def test_acl_user_outside_its_tenant_is_named(valkey_server, tmp_path):
+    valkey_server.cmd("ACL", "SETUSER", "carol", "on", ">pw", "resetkeys", "~lmcv:other:*", "+@all")
+    pw = tmp_path / "pw"
+    pw.write_text("pw")
+    code, checks = doctor("--url", valkey_server.url, "--username", "carol", "--password-file", str(pw),
+                          "--tenant", "mine", "--transport", "tcp")
+    assert code == 1 and checks["acl"]["status"] == "fail" and "~lmcv:mine:*" in checks["acl"]["fix"]
+
+
+def test_unreachable_server_is_named():
+    code, checks = doctor("--url", f"valkey://127.0.0.1:{free_port()}", "--transport", "tcp")
+    assert code == 1 and checks["connect"]["status"] == "fail"
+    assert checks["server"]["status"] == "skip"
+
+
+def test_untrusted_tls_certificate_is_named(valkey_tls_server, tmp_path):
+    other = make_tls_files(tmp_path / "other")
+    code, checks = doctor("--url", valkey_tls_server.url, "--tls-ca-file", other.ca_file, "--transport", "tcp")
+    assert code == 1 and checks["tls"]["status"] == "fail", checks
+    ok_code, ok = doctor("--url", valkey_tls_server.url, "--tls-ca-file", valkey_tls_server.tls.ca_file,
+                         "--transport", "tcp")
+    assert ok["tls"]["status"] == "ok" and ok["connect"]["status"] == "ok"
+
+
+def test_missing_fabric_module_is_named(valkey_server):
+    code, checks = doctor("--url", valkey_server.url, "--transport", "fabric")
+    assert code == 1 and checks["modules"]["status"] == "fail" and "lmcv_blob.so" in checks["modules"]["fix"]
+
+
+def test_loaded_fabric_module_and_provider_pass():
+    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
+    with ValkeyServer(args=["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1"]) as s:
+        code, checks = doctor("--url", s.url, "--transport", "fabric")
+    assert checks["modules"]["status"] == "ok", checks
+    assert checks["fabric"]["status"] == "ok", checks
+
+
+def test_s3_down_is_named_and_s3_up_passes(valkey_server):
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    code, checks = doctor("--url", valkey_server.url, "--transport", "tcp", "--s3-bucket", "kv-cache",
+                          "--s3-endpoint-url", f"http://127.0.0.1:{port}")
+    assert code == 1 and checks["s3"]["status"] == "fail"
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    moto.start()
+    try:
+        import boto3
+
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                     aws_access_key_id="x", aws_secret_access_key="x").create_bucket(Bucket="kv-cache")
+        code, checks = doctor("--url", valkey_server.url, "--transport", "tcp", "--s3-bucket", "kv-cache",
+                              "--s3-endpoint-url", f"http://127.0.0.1:{port}")
+        assert checks["s3"]["status"] == "ok", checks
+    finally:
+        moto.stop()
+
+
+def test_malformed_settings_exit_2():
+    code, checks = doctor("--url", "http://nope:1")
+    assert code == 2 and "url" in checks["usage"]["detail"]
