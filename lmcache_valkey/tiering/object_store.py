@@ -382,7 +382,8 @@ class ObjectTier:
                         return None
                 buf = self.buffers.acquire(value_len)
                 try:
-                    got = await self._get_ranges(okey, memoryview(buf)[:value_len], value_len)
+                    meta: dict[str, str] = {}
+                    got = await self._get_ranges(okey, memoryview(buf)[:value_len], value_len, meta)
                 except BaseException:
                     self.buffers.release(buf)
                     raise
@@ -398,6 +399,14 @@ class ObjectTier:
                 _metrics.record_miss(self.tier, e.cause)
                 return None
             self.breaker.success()
+            exp = _int_or_zero(meta.get("lmcv-exp"))
+            if exp and exp <= int(time.time() * 1000):  # expired (the listing could not tell)
+                self.buffers.release(buf)
+                self.stats["misses"] += 1
+                _metrics.record_miss(self.tier, "absent")
+                self.pins.defer(key, lambda: self._delete_quiet(key))
+                self._gone(key)
+                return None
             mv = memoryview(buf)[:value_len]
             try:
                 if got != value_len:
@@ -425,7 +434,8 @@ class ObjectTier:
         if self.on_gone is not None:
             self.on_gone(key)
 
-    async def _get_ranges(self, okey: str, dest: memoryview, total: int) -> int:
+    async def _get_ranges(self, okey: str, dest: memoryview, total: int, meta: dict[str, str]) -> int:
+        """Parallel ranged GETs into ``dest``; ``meta`` receives the object's metadata."""
         # about s3_range_bytes per range, equal parts, no tiny tail (a 512-byte GET costs a round trip)
         parts = max(1, round(total / self.ts.s3_range_bytes))
         step = -(-total // parts) if total else 1
@@ -443,6 +453,8 @@ class ObjectTier:
                     raise _map_error(e) from None
                 except Exception as e:
                     raise _map_error(e) from None
+                if start == 0:
+                    meta.update(r.get("Metadata") or {})
                 body = r["Body"]
                 try:
                     pos = start
@@ -510,6 +522,13 @@ class ObjectTier:
             if self.ts.s3_region and self.ts.s3_region != "us-east-1":
                 kw["CreateBucketConfiguration"] = {"LocationConstraint": self.ts.s3_region}
             await self._client.create_bucket(Bucket=self.bucket, **kw)
+
+
+def _int_or_zero(v: object) -> int:
+    try:
+        return int(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
 
 
 class _Absent(Exception):

@@ -435,3 +435,26 @@ def test_delete_during_promotion_never_resurrects_the_chunk(small_valkey, nvme_d
             await client.close()
 
     asyncio.run(main())
+
+
+def test_expired_object_is_not_served_after_restart(small_valkey, moto_s3) -> None:
+    """The listing cannot tell an object's expiry; its metadata (read with the first range) can."""
+    async def main() -> None:
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        m, client = await _manager(small_valkey, ts)
+        key, value = chunk(11, 20_000)
+        await client.set(key, [value], ttl_s=0.3, timeout=5.0)
+        m.note_put(key, len(value))
+        assert await m.flush(10.0)
+        await m.close()
+        await asyncio.sleep(0.5)
+        m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
+        try:
+            assert key in m2.index  # rebuilt from the listing ...
+            assert not await m2.promote(key, timeout=5.0)  # ... but never served
+            assert await m2.s3.head(key) is None and key not in m2.index
+        finally:
+            await m2.close()
+            await client.close()
+
+    asyncio.run(main())
