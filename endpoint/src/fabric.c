@@ -3,6 +3,8 @@
  * the one fabric thread (docs/fabric-threading.md). */
 #include "fabric.h"
 
+#include "crc32c.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,8 +25,14 @@
 typedef struct op_ctx {
     struct fi_context2 fctx;
     lmcv_xfer *x;
-    uint64_t len;
+    uint64_t off, len; /* range within the value */
 } op_ctx;
+
+/* A completed range that arrived before the ranges in front of it. */
+struct crc_pending {
+    uint64_t off, len;
+    struct crc_pending *next;
+};
 
 struct lmcv_fabric {
     struct fi_info *info;
@@ -88,6 +96,7 @@ static int post_some(lmcv_fabric *f, lmcv_xfer *x) {
         op_ctx *c = malloc(sizeof(*c));
         if (!c) { fail_xfer(x, LMCV_XFER_FAILED, "out of memory"); break; }
         c->x = x;
+        c->off = x->posted;
         c->len = n;
         char *local = f->arena + x->local_off + x->posted;
         uint64_t raddr = s->addr + x->seg_off;
@@ -114,12 +123,49 @@ static int post_some(lmcv_fabric *f, lmcv_xfer *x) {
     return posted;
 }
 
+/* Folds the landed range [off, off+len) into x->crc, in value order. */
+static void crc_advance(lmcv_fabric *f, lmcv_xfer *x, uint64_t off, uint64_t len) {
+    if (off != x->crc_off) { /* out of order: park it (ranges are few: <= the window) */
+        struct crc_pending *p = malloc(sizeof(*p));
+        if (!p) { fail_xfer(x, LMCV_XFER_FAILED, "out of memory"); return; }
+        *p = (struct crc_pending){off, len, x->crc_pending};
+        x->crc_pending = p;
+        return;
+    }
+    const char *base = f->arena + x->local_off;
+    x->crc = lmcv_crc32c(x->crc, base + off, len);
+    x->crc_off += len;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (struct crc_pending **pp = &x->crc_pending; *pp; pp = &(*pp)->next) {
+            if ((*pp)->off != x->crc_off) continue;
+            struct crc_pending *p = *pp;
+            x->crc = lmcv_crc32c(x->crc, base + p->off, p->len);
+            x->crc_off += p->len;
+            *pp = p->next;
+            free(p);
+            moved = 1;
+            break;
+        }
+    }
+}
+
+static void crc_discard(lmcv_xfer *x) {
+    for (struct crc_pending *p = x->crc_pending, *n; p; p = n) { n = p->next; free(p); }
+    x->crc_pending = NULL;
+}
+
 static void complete_op(lmcv_fabric *f, op_ctx *c, int ok, const char *why) {
     lmcv_xfer *x = c->x;
     x->inflight--;
     f->inflight--;
-    if (ok) x->done_bytes += c->len;
-    else { fail_xfer(x, LMCV_XFER_FAILED, why); STAT_ADD(f, op_errors, 1); }
+    if (ok) {
+        x->done_bytes += c->len;
+        if (x->want_crc && !x->failed) crc_advance(f, x, c->off, c->len);
+    } else {
+        fail_xfer(x, LMCV_XFER_FAILED, why);
+        STAT_ADD(f, op_errors, 1);
+    }
     free(c);
 }
 
@@ -166,6 +212,7 @@ static uint64_t sweep(lmcv_fabric *f, uint64_t now) {
         }
         if (x->reported && x->inflight == 0) {
             *pp = x->next;
+            crc_discard(x);
             x->release(x);
             continue;
         }
@@ -371,6 +418,9 @@ int lmcv_fabric_submit(lmcv_fabric *f, lmcv_xfer *x) {
     x->seg_i = 0;
     x->seg_off = x->posted = x->done_bytes = x->inflight = 0;
     x->status = x->failed = x->reported = 0;
+    x->crc = 0;
+    x->crc_off = 0;
+    x->crc_pending = NULL;
     x->next = NULL;
     pthread_mutex_lock(&f->lock);
     if (f->stopping) { pthread_mutex_unlock(&f->lock); return -1; }

@@ -35,11 +35,17 @@ struct lmcv_xfer {
      * the arena extent and the xfer may be released now. */
     void (*release)(lmcv_xfer *x);
     void *user;
+    /* READ only: CRC32C of the bytes landed, computed chunk by chunk as completions
+     * arrive so it overlaps the transfer instead of following it. Valid on LMCV_XFER_OK. */
+    int want_crc;
+    uint32_t crc;
     char errmsg[96];
     /* Private to fabric.c. */
     int seg_i;
     uint64_t seg_off, posted, done_bytes, inflight;
     int status, failed, reported;
+    uint64_t crc_off;       /* bytes [0, crc_off) of the value are folded into crc */
+    struct crc_pending *crc_pending; /* completed ranges beyond crc_off */
     lmcv_xfer *next;
 };
 

@@ -24,7 +24,7 @@ def test_put_get_byte_exact(start_server, provider, size):
     srv = start_server(provider)
 
     async def body():
-        async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
+        async with FabricTransport("127.0.0.1", srv.port, provider=provider, verify_crc=True) as t:
             arena = bytearray(2 * (HDR + size) + 8192)
             t.register_buffer(arena)
             mv = memoryview(arena)

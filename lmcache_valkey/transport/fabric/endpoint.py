@@ -81,8 +81,7 @@ class FabricEndpoint:
         self._keys = itertools.count(1)
         self._regions: list[MemoryRegion] = []
         self._peers: dict[bytes, int] = {}
-        self._callbacks: dict[int, Callable[[int], None]] = {}
-        self._ctx_ids = itertools.count(1)
+        self._callbacks: dict[int, tuple[Callable[[int], None], Any]] = {}
         self._lock = threading.Lock()
         self._closing = False
         self._thread = threading.Thread(target=self._progress, name=f"fabric-progress-{self.provider}", daemon=True)
@@ -160,11 +159,14 @@ class FabricEndpoint:
              done: Callable[[int], None]) -> bool:
         """Posts one fi_write ("write") or fi_read ("read"); ``done(err)`` runs on the progress
         thread. Returns False when the provider queue is full (try again later)."""
-        cid = next(self._ctx_ids)
+        # A real fi_context2-sized block per op: providers with FI_CONTEXT(2) mode write
+        # into it. Its address identifies the completion.
+        ctx = self._ffi.new("char[64]")
+        cid = int(self._ffi.cast("uintptr_t", ctx))
         with self._lock:
-            self._callbacks[cid] = done
+            self._callbacks[cid] = (done, ctx)
         fn = self._lib.lmcv_ep_write if op == "write" else self._lib.lmcv_ep_read
-        rc = fn(self._ep, self._ffi.cast("void *", local_addr), length, region.desc, peer, raddr, rkey, self._ffi.cast("void *", cid))
+        rc = fn(self._ep, self._ffi.cast("void *", local_addr), length, region.desc, peer, raddr, rkey, ctx)
         if rc == 0:
             return True
         with self._lock:
@@ -191,10 +193,10 @@ class FabricEndpoint:
             for i in range(n):
                 cid = int(ffi.cast("uintptr_t", ctxs[i]))
                 with self._lock:
-                    cb = self._callbacks.pop(cid, None)
-                if cb is not None:
+                    entry = self._callbacks.pop(cid, None)
+                if entry is not None:
                     try:
-                        cb(int(errs[i]))
+                        entry[0](int(errs[i]))
                     except Exception:  # a callback bug must not kill progress
                         log.exception("fabric completion callback failed")
 

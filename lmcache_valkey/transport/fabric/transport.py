@@ -73,7 +73,7 @@ class FabricTransport:
         password: str | None = None,
         db: int = 0,
         connect_timeout: float = 5.0,
-        verify_crc: bool = True,
+        verify_crc: bool = False,
         drain_grace_s: float = 2.0,
         hmem: bool = False,
         endpoint: FabricEndpoint | None = None,
