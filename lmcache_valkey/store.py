@@ -24,13 +24,16 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Sequence
 
 from . import codec, metrics
 from .codec import HEADER_SIZE, ChunkMeta
 from .config import Settings
 from .errors import CorruptChunk, DeadlineExceeded, TransportError
 from .keys import Namespace, key_digest
+
+if TYPE_CHECKING:
+    from .tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ class TierHints(Protocol):
 
     async def note_hit(self, data_key: bytes) -> None: ...
 
+    async def delete(self, data_keys: Sequence[bytes], *, timeout: float) -> int: ...
+
 
 @dataclass(frozen=True)
 class GetResult:
@@ -104,6 +109,7 @@ class ChunkStore:
         self.tiers = tiers
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.owned: list[Any] = []  # tier client/manager, extra connections: closed before the transport
 
     # ------------------------------------------------------------------ lookup
 
@@ -279,12 +285,11 @@ class ChunkStore:
     # ------------------------------------------------------------ delete, list
 
     async def delete(self, chunk_ids: Sequence[str]) -> int:
-        """Remove chunks from RAM (and their tier markers). Returns how many values were deleted."""
+        """Remove chunks: from RAM, and with tiering from every tier (markers and copies too)."""
         keys = [self.namespace.data_key(c) for c in chunk_ids]
-        n = await self.transport.delete(keys, timeout=self.settings.op_timeout_s)
         if self.tiers is not None:
-            await self.transport.delete([self.namespace.marker_key(c) for c in chunk_ids], timeout=self.settings.op_timeout_s)
-        return n
+            return await self.tiers.delete(keys, timeout=self.settings.op_timeout_s)
+        return await self.transport.delete(keys, timeout=self.settings.op_timeout_s)
 
     async def list_ids(self, limit: int | None = None) -> list[str]:
         out: list[str] = []
@@ -309,6 +314,8 @@ class ChunkStore:
             t.cancel()
         if self._background:
             await asyncio.wait(list(self._background), timeout=1.0)
+        for obj in reversed(self.owned):
+            await _close_quietly(obj)
         await self.transport.close()
 
     def _spawn(self, coro: Any) -> None:
@@ -326,35 +333,84 @@ def _cause(e: BaseException) -> str:
     return getattr(e, "cause", "error")
 
 
-async def open_store(settings: Settings, namespace: Namespace, *, tiers: TierHints | None = None) -> ChunkStore:
+async def open_store(
+    settings: Settings, namespace: Namespace, *, tiering: "TieringSettings | None" = None
+) -> ChunkStore:
     """Connect the transport that ``settings.transport`` asks for and wrap it in a store.
 
     ``tcp``: RESP over TCP/TLS/Unix. ``fabric``: libfabric RMA through the
     endpoint module, failing at start-up if it cannot be used. ``auto``: fabric
     when the endpoint answers and the provider opens, else RESP.
+
+    ``tiering`` (enabled): lower tiers behind RAM, through a ``tierd`` next to
+    Valkey (mode ``service``) or a manager embedded in this process (``embedded``).
     """
     from .transport.resp import RespClient
 
-    if settings.transport in ("fabric", "auto"):
-        try:
-            from .transport.fabric import open_fabric_transport
-        except ImportError as e:
-            if settings.transport == "fabric":
-                from .errors import FabricUnavailable
-
-                raise FabricUnavailable(f"the fabric transport is not available in this build: {e}") from e
-        else:
-            try:
-                fabric = await open_fabric_transport(settings)
-                return ChunkStore(settings, namespace, fabric, transport_name="fabric", tiers=tiers)
-            except Exception as e:
-                if settings.transport == "fabric":
-                    raise
-                log.info("transport auto: fabric unavailable (%s); using RESP over TCP", e)
-    client = RespClient(settings)
+    owned: list[Any] = []  # closed by ChunkStore.close, in reverse order
+    transport: ChunkTransport | None = None
+    name = "resp"
     try:
-        await client.start()
+        if settings.transport in ("fabric", "auto"):
+            transport = await _open_fabric(settings)
+            if transport is not None:
+                name = "fabric"
+        resp: Any = None
+        if transport is None or (tiering is not None and tiering.enabled):
+            resp = RespClient(settings)
+            owned.append(resp)
+            await resp.start()
+        if transport is None:
+            transport = resp
+            owned.remove(resp)  # closed as the store's transport
+        else:
+            owned.insert(0, transport)
+        tiers = None
+        if tiering is not None and tiering.enabled:
+            from .tiering.client import TierClient
+
+            if tiering.mode == "embedded":
+                from .tiering.manager import TierManager
+
+                manager = TierManager(settings, tiering, resp, tenant=settings.tenant)
+                await manager.start()
+                owned.append(manager)
+                tiers = TierClient.embedded(manager)
+            else:
+                tiers = TierClient.remote(resp, settings)
+            owned.append(tiers)
     except BaseException:
-        await client.close()
+        for obj in reversed(owned):
+            await _close_quietly(obj)
+        if transport is not None and transport not in owned:
+            await _close_quietly(transport)
         raise
-    return ChunkStore(settings, namespace, client, transport_name="resp", tiers=tiers)
+    store = ChunkStore(settings, namespace, transport, transport_name=name, tiers=tiers)
+    store.owned = [o for o in owned if o is not transport]
+    return store
+
+
+async def _open_fabric(settings: Settings) -> ChunkTransport | None:
+    """The fabric transport, or None when ``auto`` falls back to RESP."""
+    try:
+        from .transport.fabric import open_fabric_transport
+    except ImportError as e:
+        if settings.transport == "fabric":
+            from .errors import FabricUnavailable
+
+            raise FabricUnavailable(f"the fabric transport is not available in this build: {e}") from e
+        return None
+    try:
+        return await open_fabric_transport(settings)
+    except Exception as e:
+        if settings.transport == "fabric":
+            raise
+        log.info("transport auto: fabric unavailable (%s); using RESP over TCP", e)
+        return None
+
+
+async def _close_quietly(obj: Any) -> None:
+    try:
+        await asyncio.wait_for(obj.close(), 5.0)
+    except Exception as e:
+        log.warning("closing %r failed: %s", obj, e)

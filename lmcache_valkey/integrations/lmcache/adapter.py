@@ -18,8 +18,9 @@ import os
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from ...config import settings_from_extra_config
+from ...config import PLUGIN_PREFIX, settings_from_mapping
 from ...errors import ConfigError
+from ...tiering.settings import split_tiering_keys, tiering_settings_from_mapping
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,15 @@ class ValkeyConnectorAdapter(ConnectorAdapter):
         try:
             if config is None or context.metadata is None:
                 raise ConfigError("config", "an LMCache engine config and metadata")
-            settings = settings_from_extra_config(config.extra_config, name)
-            return ValkeyRemoteConnector(config, context.metadata, context.local_cpu_backend, settings)
+            prefix = f"{PLUGIN_PREFIX}{name}."
+            raw = {k[len(prefix):]: v for k, v in (config.extra_config or {}).items() if k.startswith(prefix)}
+            tier_raw, core_raw = split_tiering_keys(raw)
+            try:
+                settings = settings_from_mapping(core_raw)
+            except ConfigError as e:  # name the key as the user wrote it in YAML
+                raise ConfigError(prefix + e.key, e.expected, e.got) from None
+            tiering = tiering_settings_from_mapping(tier_raw, key_prefix=prefix)
+            return ValkeyRemoteConnector(config, context.metadata, context.local_cpu_backend, settings, tiering)
         except Exception as e:
             log.error("lmcache-valkey plugin %r could not start, every lookup will miss: %s", name, e)
             raise

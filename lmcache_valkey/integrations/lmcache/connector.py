@@ -52,7 +52,9 @@ def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector, settings
 
 
 class ValkeyRemoteConnector(RemoteConnector):
-    def __init__(self, config: Any, metadata: Any, local_cpu_backend: Any, settings: Settings) -> None:
+    def __init__(
+        self, config: Any, metadata: Any, local_cpu_backend: Any, settings: Settings, tiering: Any = None
+    ) -> None:
         super().__init__(config, metadata)
         self.local_cpu_backend = local_cpu_backend
         self.settings = settings
@@ -65,7 +67,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         self._io = LoopThread()
         try:
             self.store: ChunkStore = self._io.run_sync(
-                open_store(settings, self.namespace), timeout=settings.connect_timeout_s * 3 + 1
+                open_store(settings, self.namespace, tiering=tiering), timeout=settings.connect_timeout_s * 3 + 10
             )
         except BaseException:
             self._io.stop()
