@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from lmcache_valkey.transport.fabric import FabricEndpoint, FabricTransport  # noqa: E402
 
 MiB = 1 << 20
-CHUNK = 2 * MiB  # same op size as the endpoint's default chunk_kb
+CHUNK = 1 * MiB  # same op size as the endpoint's default chunk_kb
 WINDOW = 16
 
 

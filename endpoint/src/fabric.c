@@ -292,7 +292,15 @@ static struct fi_info *get_info(const char *provider, const char *bind_addr, int
     if (!hints) { snprintf(err, errlen, "fi_allocinfo failed"); return NULL; }
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    /* Our op contexts start with a fi_context2, so either mode bit is satisfied.
+     * libfabric 2.x dropped FI_CONTEXT: use what the headers define. */
+    hints->mode = 0;
+#ifdef FI_CONTEXT
+    hints->mode |= FI_CONTEXT;
+#endif
+#ifdef FI_CONTEXT2
+    hints->mode |= FI_CONTEXT2;
+#endif
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;

@@ -36,7 +36,7 @@ static struct {
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
 } G = {.default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
-       .bind = "", .arena_mb = 1024, .chunk_kb = 2048};
+       .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
 static blob *blob_new(uint64_t len) {
     int64_t off = lmcv_arena_alloc(G.arena, len);
