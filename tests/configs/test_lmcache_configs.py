@@ -149,22 +149,12 @@ def test_multi_tenant_example_round_trip_with_acl_and_tls(valkey_tls_server, tmp
         server.cmd("SET", "lmcv:team-b:x", "1", auth=(user, "team-a-pw"))
 
 
-# The adapter builds its settings with settings_from_extra_config; the tiering keys of
-# tiered.yaml (tiering, nvme_dir, s3_bucket, ...) are not wired into it yet.
-ADAPTER_CASES = [
-    pytest.param(n, marks=pytest.mark.xfail(
-        strict=True, reason="config.settings_from_extra_config does not accept the tiering keys yet (lead)"))
-    if n == "tiered.yaml" else n
-    for n in NAMES
-]
-
-
-@pytest.mark.parametrize("name", ADAPTER_CASES)
+@pytest.mark.parametrize("name", NAMES)
 def test_adapter_settings_accept_the_config(name, tmp_path):
-    from lmcache_valkey.config import settings_from_extra_config
+    from lmcache_valkey.integrations.lmcache.adapter import parse_plugin_settings
 
     cfg = _load(name)
     extra = dict(cfg.extra_config)
     for k, v in _localize(_plugin_keys(cfg), tmp_path).items():
         extra[PREFIX + k] = v
-    settings_from_extra_config(extra, PLUGIN, env={})
+    parse_plugin_settings(extra, PLUGIN, env={})

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any, Mapping
 
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from ...config import PLUGIN_PREFIX, settings_from_mapping
+from ...config import PLUGIN_PREFIX, Settings, settings_from_mapping
 from ...errors import ConfigError
-from ...tiering.settings import split_tiering_keys, tiering_settings_from_mapping
+from ...tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,23 @@ DEFAULT_PLUGIN_TYPES = ("valkey", "lmcache_valkey", "lmcv")
 def _plugin_types() -> set[str]:
     extra = os.environ.get("LMCACHE_VALKEY_PLUGIN_NAMES", "")
     return set(DEFAULT_PLUGIN_TYPES) | {n.strip() for n in extra.split(",") if n.strip()}
+
+
+def parse_plugin_settings(
+    extra_config: Mapping[str, Any] | None, name: str, *, env: Mapping[str, str] | None = None
+) -> tuple[Settings, TieringSettings]:
+    """Validate every ``remote_storage_plugin.<name>.*`` key: core settings and tiering.
+
+    Errors name the key as the user wrote it in YAML.
+    """
+    prefix = f"{PLUGIN_PREFIX}{name}."
+    raw = {k[len(prefix):]: v for k, v in (extra_config or {}).items() if k.startswith(prefix)}
+    tier_raw, core_raw = split_tiering_keys(raw)
+    try:
+        settings = settings_from_mapping(core_raw, env=env)
+    except ConfigError as e:
+        raise ConfigError(prefix + e.key, e.expected, e.got) from None
+    return settings, tiering_settings_from_mapping(tier_raw, key_prefix=prefix)
 
 
 class ValkeyConnectorAdapter(ConnectorAdapter):
@@ -51,14 +69,7 @@ class ValkeyConnectorAdapter(ConnectorAdapter):
         try:
             if config is None or context.metadata is None:
                 raise ConfigError("config", "an LMCache engine config and metadata")
-            prefix = f"{PLUGIN_PREFIX}{name}."
-            raw = {k[len(prefix):]: v for k, v in (config.extra_config or {}).items() if k.startswith(prefix)}
-            tier_raw, core_raw = split_tiering_keys(raw)
-            try:
-                settings = settings_from_mapping(core_raw)
-            except ConfigError as e:  # name the key as the user wrote it in YAML
-                raise ConfigError(prefix + e.key, e.expected, e.got) from None
-            tiering = tiering_settings_from_mapping(tier_raw, key_prefix=prefix)
+            settings, tiering = parse_plugin_settings(config.extra_config, name)
             return ValkeyRemoteConnector(config, context.metadata, context.local_cpu_backend, settings, tiering)
         except Exception as e:
             log.error("lmcache-valkey plugin %r could not start, every lookup will miss: %s", name, e)
