@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tierhelp import MAXMEMORY, NS, chunk, ram_get, resp_client, tiering
+from tierhelp import MAXMEMORY, chunk, ram_get, resp_client, tiering
 
 from lmcache_valkey import codec
 from lmcache_valkey.tiering import TierClient, TierManager
