@@ -458,3 +458,32 @@ def test_expired_object_is_not_served_after_restart(small_valkey, moto_s3) -> No
             await client.close()
 
     asyncio.run(main())
+
+
+def test_cluster_mode_promotion_and_markers(valkey_cluster, nvme_dir) -> None:
+    """Valkey Cluster: data key and marker share a slot; INFO/SCAN go to every primary."""
+    async def main() -> None:
+        from lmcache_valkey.transport.resp import RespClient
+
+        client = RespClient(valkey_cluster.settings(tenant="t1"))
+        await client.start()
+        m = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
+        await m.start(background=False)
+        try:
+            items = [chunk(i, 30_000) for i in range(12)]
+            for key, value in items:
+                await client.set(key, [value], ttl_s=None, timeout=5.0)
+                m.note_put(key, len(value))
+            assert await m.flush(10.0)
+            keys = [k for k, _ in items]
+            assert await m.evict("ram", prefix=b"lmcv:t1:") == 12  # SCAN over every primary
+            assert all(await client.exists_many([marker_of(k) for k in keys], timeout=5.0))
+            await m.demote_once()  # INFO memory from every primary
+            for key, value in items:
+                assert await m.promote(key, timeout=10.0)
+                assert await ram_get(client, key, len(value)) == value
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
