@@ -21,7 +21,9 @@ Contract, for every operation:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Sequence
@@ -196,31 +198,40 @@ class ChunkStore:
             for _ in items:
                 metrics.record_miss(tier, cause)
             return [None] * len(items)
-        out: list[GetResult | None | object] = []
-        for key, header, (ref, dest), value_len in zip(keys, headers, items, raw):
+        out: list[GetResult | None | object] = [None] * len(items)
+        verified: list[tuple[int, bytes, codec.Header, memoryview]] = []
+        for i, (key, header, (ref, dest), value_len) in enumerate(zip(keys, headers, items, raw)):
             if value_len is None:
-                out.append(_ABSENT)
+                out[i] = _ABSENT
                 continue
             if isinstance(value_len, BaseException):
                 metrics.record_miss(tier, _cause(value_len))
-                out.append(None)
                 continue
             try:
                 if value_len < HEADER_SIZE:
                     raise CorruptChunk("truncated", f"value of {value_len} bytes")
                 h = codec.decode_header(header)
-                codec.check(h, value_len, dest, self.namespace.digest_bytes, key_digest(ref.key_string))
+                codec.check(h, value_len, dest, self.namespace.digest_bytes, key_digest(ref.key_string), verify_crc=False)
             except CorruptChunk as e:
-                log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
-                metrics.record_miss(tier, e.reason)
-                self._spawn(self._delete_bad(key))
-                out.append(None)
+                self._reject(key, tier, e)
+                continue
+            verified.append((i, key, h, dest))
+        crcs = await _payload_crcs([dest[: h.payload_len] for _, _, h, dest in verified])
+        for (i, key, h, _), crc in zip(verified, crcs):
+            if crc != h.payload_crc:
+                self._reject(key, tier, CorruptChunk("crc", "payload checksum mismatch"))
                 continue
             metrics.record_hit(tier, self.transport_name, h.payload_len)
             if self.tiers is not None:
                 self._spawn(self.tiers.note_hit(key))
-            out.append(GetResult(h.meta, h.payload_len))
+            out[i] = GetResult(h.meta, h.payload_len)
         return out
+
+    def _reject(self, key: bytes, tier: str, e: CorruptChunk) -> None:
+        """A stored value is unusable: count the miss and delete the bad copy."""
+        log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
+        metrics.record_miss(tier, e.reason)
+        self._spawn(self._delete_bad(key))
 
     async def _promote(self, refs: Sequence[ChunkRef], deadline: float) -> list[bool]:
         assert self.tiers is not None
@@ -253,14 +264,19 @@ class ChunkStore:
         ok = [False] * len(items)
         reqs: list[tuple[bytes, Sequence[Buffer]]] = []
         slots: list[int] = []
-        for i, (ref, meta, payload) in enumerate(items):
+        for i, (ref, _, payload) in enumerate(items):
             if payload.nbytes > self.settings.max_chunk_bytes:
                 log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, payload.nbytes)
                 metrics.record_error("put", "oversized")
                 continue
-            header = codec.encode_header(meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string))
-            reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
             slots.append(i)
+        crcs = await _payload_crcs([items[i][2] for i in slots])
+        for i, crc in zip(slots, crcs):
+            ref, meta, payload = items[i]
+            header = codec.encode_header(
+                meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string), payload_crc=crc
+            )
+            reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
         if reqs:
             timeout = self.settings.op_timeout_s
             try:
@@ -325,6 +341,31 @@ class ChunkStore:
 
 
 _ABSENT = object()  # the server said "no such key": a plain miss, maybe a lower-tier hit
+
+# CRC32C runs at a few GB/s per core and releases the GIL: large payloads are checked on
+# worker threads, concurrently, so a batch's checks overlap each other and the event loop
+# keeps serving other I/O. Below the threshold a thread hop costs more than the check.
+_CRC_THREAD_MIN = 256 << 10
+_crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+async def _payload_crcs(views: Sequence[memoryview]) -> list[int]:
+    global _crc_pool
+    if not any(v.nbytes >= _CRC_THREAD_MIN for v in views):
+        return [codec.crc32c(v) for v in views]
+    if _crc_pool is None:
+        _crc_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="lmcv-crc"
+        )
+    loop = asyncio.get_running_loop()
+    return list(await asyncio.gather(*(
+        loop.run_in_executor(_crc_pool, codec.crc32c, v) if v.nbytes >= _CRC_THREAD_MIN else _done(codec.crc32c(v))
+        for v in views
+    )))
+
+
+async def _done(value: int) -> int:
+    return value
 
 
 def _cause(e: BaseException) -> str:
