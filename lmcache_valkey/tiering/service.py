@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..config import settings_from_mapping
+from ..errors import ConfigError
 from . import _metrics
 from .client import TierClient
 from .manager import TierManager
@@ -59,7 +60,10 @@ def tiering_settings_from_args(args: argparse.Namespace):
     for kv in args.set:
         k, _, v = kv.partition("=")
         raw[k.strip()] = v.strip()
-    return tiering_settings_from_mapping(raw, key_prefix="--")
+    ts = tiering_settings_from_mapping(raw, key_prefix="--")
+    if ts.nvme_dir is None and ts.s3_bucket is None:
+        raise ConfigError("--nvme-dir", "--nvme-dir and/or --s3-bucket (tierd needs a tier to manage)")
+    return ts
 
 
 async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = None,

@@ -60,7 +60,10 @@ class TieringSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off" and (self.nvme_dir is not None or self.s3_bucket is not None)
+        """Workers use tiering: embedded with a tier configured, or a tierd serving them."""
+        if self.mode == "service":
+            return True
+        return self.mode == "embedded" and (self.nvme_dir is not None or self.s3_bucket is not None)
 
 
 # --- parsers --------------------------------------------------------------------------------
@@ -233,8 +236,9 @@ def tiering_settings_from_mapping(raw: Mapping[str, Any], *, key_prefix: str = "
         raise ConfigError(key_prefix + "s3_part_bytes", "at least 5MiB (the S3 minimum part size)", s.s3_part_bytes)
     if s.s3_multipart_threshold < s.s3_part_bytes:
         raise ConfigError(key_prefix + "s3_multipart_threshold", f"at least s3_part_bytes ({s.s3_part_bytes})", s.s3_multipart_threshold)
-    if s.mode != "off" and s.nvme_dir is None and s.s3_bucket is None:
-        raise ConfigError(key_prefix + "tiering", "nvme_dir and/or s3_bucket set when tiering is on", s.mode)
+    if s.mode == "embedded" and s.nvme_dir is None and s.s3_bucket is None:
+        # (service: the tiers are tierd's business; the worker only needs mode=service)
+        raise ConfigError(key_prefix + "tiering", "nvme_dir and/or s3_bucket set with tiering: embedded", s.mode)
     if s.admission == "second_touch":
         s = _replace(s, admission_min_touches=2)
     elif s.admission == "always":

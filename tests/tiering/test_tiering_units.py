@@ -21,6 +21,7 @@ def test_settings_parse_and_defaults() -> None:
     assert tiering_settings_from_mapping({"admission": "always"}).admission_min_touches == 1
     assert not TieringSettings().enabled
     assert tiering_settings_from_mapping({"tiering": True, "nvme_dir": "/x"}).mode == "embedded"
+    assert tiering_settings_from_mapping({"tiering": "service"}).enabled  # tiers live in tierd
 
 
 @pytest.mark.parametrize("raw,key", [
