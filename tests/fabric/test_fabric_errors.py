@@ -126,12 +126,39 @@ def test_unregistered_buffer_is_refused_client_side(start_server):
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port) as t:
+            # Larger than a scratch slot and not registered: refused before anything is sent.
+            with pytest.raises(UnregisteredBuffer, match="outside every registered region"):
+                await t.get_into(b"k", [memoryview(bytearray(MiB))], 5)
             with pytest.raises(UnregisteredBuffer):
-                await t.get_into(b"k", [memoryview(bytearray(100))], 5)
+                await t.set_from(b"k", [memoryview(bytes(MiB))], None, 5)
+        async with FabricTransport("127.0.0.1", srv.port, scratch_bytes=0) as strict:
             with pytest.raises(UnregisteredBuffer):
-                await t.set_from(b"k", [memoryview(b"abc")], None, 5)
+                await strict.get_into(b"k", [memoryview(bytearray(100))], 5)
+        assert srv.info()["rma_gets"] == 0 and srv.info()["rma_sets"] == 0
 
     asyncio.run(body())
+
+
+def test_small_unregistered_header_is_staged_through_scratch(start_server):
+    srv = start_server("tcp;ofi_rxm")
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port) as t:
+            arena = bytearray(2 * MiB)
+            t.register_buffer(arena)
+            mv = memoryview(arena)
+            payload = os.urandom(MiB)
+            mv[:MiB] = payload
+            header = os.urandom(512)  # bytes, not registered: the store's header
+            await t.set_from(b"k", [memoryview(header), mv[:MiB]], None, 5)
+            hdr_out = bytearray(512)
+            assert await t.get_into(b"k", [memoryview(hdr_out), mv[MiB:]], 5) == 512 + MiB
+            assert hdr_out == header and mv[MiB:] == payload
+            assert t.stats["staged"] == 2 and t.stats["bulk_fallbacks"] == 0
+            assert t._scratch.free == t._scratch.region.length // t._scratch.slot_bytes
+
+    asyncio.run(body())
+    assert srv.info()["rma_gets"] == 1 and srv.info()["rma_sets"] == 1
 
 
 def test_missing_hello_is_refused(start_server):

@@ -12,6 +12,7 @@ from lmcache_valkey.errors import FabricUnavailable
 from .binding import available, libfabric_version
 from .endpoint import PROVIDERS, FabricEndpoint, FabricError, MemoryRegion
 from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
+from .factory import open_fabric_transport
 from .transport import DATA_PATHS, FabricTransport
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "WindowTooSmall",
     "available",
     "libfabric_version",
+    "open_fabric_transport",
 ]

@@ -18,13 +18,14 @@ import asyncio
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import valkey.asyncio.connection as vconn
 import valkey.exceptions as vexc
 
 from lmcache_valkey.errors import (
+    LmcacheValkeyError,
     ConnectionLost,
     CorruptChunk,
     DeadlineExceeded,
@@ -36,7 +37,8 @@ from lmcache_valkey.errors import (
 
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
-from .errors import ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
+from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
+from .scratch import ScratchPool
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class FabricTransport:
         verify_crc: bool = False,
         drain_grace_s: float = 2.0,
         hmem: bool = False,
+        scratch_bytes: int = 1 << 20,
+        bulk_fallback: bool = True,
         endpoint: FabricEndpoint | None = None,
     ) -> None:
         if data_path not in DATA_PATHS:
@@ -92,8 +96,12 @@ class FabricTransport:
         self._grace = drain_grace_s
         self._owns_endpoint = endpoint is None
         self.endpoint: FabricEndpoint | None = None
+        self._scratch: ScratchPool | None = None
+        self._bulk_fallback = bulk_fallback
         if data_path == "rma":
             self.endpoint = endpoint or FabricEndpoint(provider, bind_addr, hmem=hmem)
+            if scratch_bytes > 0:
+                self._scratch = ScratchPool(self.endpoint, scratch_bytes)
         self._idle: list[_Conn] = []
         self._sem: asyncio.Semaphore | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -101,7 +109,8 @@ class FabricTransport:
         self._held_ids = itertools.count()
         self._quarantine: list[Any] = []
         self._closed = False
-        self.stats = {"quarantined": 0, "held_after_disconnect": 0, "partial_retries": 0, "connections": 0}
+        self.stats = {"quarantined": 0, "held_after_disconnect": 0, "partial_retries": 0, "connections": 0,
+                      "staged": 0, "bulk_fallbacks": 0}
 
     # -- registration ---------------------------------------------------------------------
 
@@ -117,27 +126,54 @@ class FabricTransport:
             raise FabricUnavailable("this FabricTransport uses the bulk data path; registration needs data_path='rma'")
         return self.endpoint
 
-    def _triples(self, bufs: Sequence[Any], writable: bool) -> tuple[list[commands.Triple], list[Any], list[memoryview]]:
+    def _plan(self, bufs: Sequence[Any], writable: bool) -> "_Plan":
+        """Maps buffers to (rkey, addr, len) triples. Registered buffers are used in place;
+        a small unregistered one (the store's header) is staged through a scratch slot;
+        anything else raises UnregisteredBuffer, or _NoSlot when scratch is exhausted."""
         ep = self._ep()
-        triples, keep, views = [], [], []
-        for b in bufs:
-            mv = memoryview(b).cast("B") if not isinstance(b, memoryview) or b.format != "B" or b.ndim != 1 else b
-            if len(mv) == 0:
-                continue
-            if writable and mv.readonly:
-                raise UnregisteredBuffer("get_into needs writable buffers")
-            addr, n = ep.address_of(mv)
-            region = ep.find_region(addr, n)
-            if region is None:
-                raise UnregisteredBuffer(
-                    f"buffer at {addr:#x} (+{n}) lies outside every registered region; register the arena first"
-                )
-            triples.append((region.key, region.remote_addr(addr), n))
-            keep.append(mv)
-            views.append(mv)
-        if len(triples) > commands.MAX_TRIPLES:
-            raise ValueError(f"at most {commands.MAX_TRIPLES} buffers per operation")
-        return triples, keep, views
+        plan = _Plan()
+        try:
+            for b in bufs:
+                mv = _byte_view(b)
+                if len(mv) == 0:
+                    continue
+                if writable and mv.readonly:
+                    raise UnregisteredBuffer("get_into needs writable buffers")
+                addr, n = ep.address_of(mv)
+                region = ep.find_region(addr, n)
+                target = mv
+                if region is None:
+                    slot = self._scratch.take(n) if self._scratch is not None else None
+                    if slot is None:
+                        if self._scratch is not None and n <= self._scratch.slot_bytes:
+                            raise _NoSlot()
+                        raise UnregisteredBuffer(
+                            f"buffer at {addr:#x} (+{n}) lies outside every registered region; register the arena first"
+                        )
+                    index, target = slot
+                    plan.slots.append(index)
+                    plan.staged.append((mv, target))
+                    if not writable:
+                        target[:] = mv
+                    addr, n = ep.address_of(target)
+                    region = self._scratch.region
+                plan.triples.append((region.key, region.remote_addr(addr), n))
+                plan.keep.append(mv)
+                plan.targets.append(target)
+            if len(plan.triples) > commands.MAX_TRIPLES:
+                raise ValueError(f"at most {commands.MAX_TRIPLES} buffers per operation")
+        except BaseException:
+            self._give_slots(plan)
+            raise
+        if plan.staged:
+            self.stats["staged"] += 1
+        return plan
+
+    def _give_slots(self, plan: "_Plan") -> None:
+        if self._scratch is not None:
+            for index in plan.slots:
+                self._scratch.give(index)
+        plan.slots = []
 
     # -- connections ----------------------------------------------------------------------
 
@@ -216,25 +252,46 @@ class FabricTransport:
         except Exception:
             pass
 
-    def _hold(self, keep: Any, seconds: float) -> None:
+    def _hold(self, keep: Any, seconds: float, over: Any = None) -> None:
         """Keeps buffers referenced for ``seconds`` (server deadline + grace)."""
         hid = next(self._held_ids)
         self._held[hid] = keep
         self.stats["held_after_disconnect"] += 1
-        asyncio.get_running_loop().call_later(seconds, self._held.pop, hid, None)
+
+        def let_go() -> None:
+            self._held.pop(hid, None)
+            if over and not self._closed:
+                over()
+
+        asyncio.get_running_loop().call_later(seconds, let_go)
 
     # -- one operation --------------------------------------------------------------------
 
-    async def _op(self, args_for: Any, keep: Any, deadline: float) -> Any:
+    async def _op(self, args_for: Any, keep: Any, deadline: float, after: Any = None, over: Any = None) -> Any:
         """Runs one command on a pooled connection. ``args_for(timeout_ms)`` builds it.
-        Runs as its own task so that a cancelled caller never cuts it short."""
+        Runs as its own task so that a cancelled caller never cuts it short.
+
+        ``after(reply)`` runs in this task once a reply arrived (copy-out of staged
+        bytes); ``over()`` runs when the buffers in ``keep`` may be reused: at once after
+        a reply, after the server's deadline plus grace when the connection broke, never
+        for a quarantined transfer."""
         loop = asyncio.get_running_loop()
-        conn = await self._acquire(deadline)
+        try:
+            conn = await self._acquire(deadline)
+        except BaseException:
+            if over:
+                over()  # nothing was sent
+            raise
         server_ms = max(1, math.ceil((deadline - loop.time()) * 1000))
         try:
-            await conn.raw.send_command(*args_for(server_ms))
-            # Backstop: the server answers by its deadline; past deadline+grace it is gone.
-            reply = await asyncio.wait_for(conn.raw.read_response(), server_ms / 1000 + self._grace)
+            args = args_for(server_ms)
+            if args and args[0] == "__PIPELINE__":  # several plain commands, one round trip
+                await conn.raw.send_packed_command(conn.raw.pack_commands(args[1]))
+                reply = await asyncio.wait_for(_read_n(conn.raw, len(args[1])), server_ms / 1000 + self._grace)
+            else:
+                await conn.raw.send_command(*args)
+                # Backstop: the server answers by its deadline; past deadline+grace it is gone.
+                reply = await asyncio.wait_for(conn.raw.read_response(), server_ms / 1000 + self._grace)
         except vexc.ResponseError as exc:
             err = commands.map_error(str(exc))
             if isinstance(err, TransferFailed):
@@ -246,12 +303,14 @@ class FabricTransport:
             if isinstance(err, ServerDeadline) and err.inflight:
                 self._quarantine.append(keep)
                 self.stats["quarantined"] += 1
+            elif over:
+                over()
             raise err from None
         except BaseException as exc:
             await self._drop(conn)
             # The server may still be moving bytes for this command until its deadline.
-            if keep is not None:
-                self._hold(keep, server_ms / 1000 + self._grace)
+            if keep is not None or over is not None:
+                self._hold(keep, server_ms / 1000 + self._grace, over)
             if isinstance(exc, asyncio.TimeoutError):
                 raise DeadlineExceeded("no reply from the server before deadline + grace") from None
             if isinstance(exc, (vexc.ConnectionError, vexc.TimeoutError, OSError)):
@@ -260,13 +319,19 @@ class FabricTransport:
                 raise TransportError(str(exc)) from exc
             raise
         self._release(conn)
-        return reply
+        try:
+            return after(reply) if after else reply
+        finally:
+            if over:
+                over()
 
-    async def _call(self, args_for: Any, keep: Any, timeout: float) -> Any:
+    async def _call(self, args_for: Any, keep: Any, timeout: float, after: Any = None, over: Any = None) -> Any:
         if timeout <= 0:
+            if over:
+                over()
             raise DeadlineExceeded("timeout must be positive")
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._op(args_for, keep, loop.time() + timeout))
+        task = loop.create_task(self._op(args_for, keep, loop.time() + timeout, after, over))
         self._tasks.add(task)
         task.add_done_callback(_forget_task(self._tasks))
         try:
@@ -279,46 +344,132 @@ class FabricTransport:
     async def get_into(self, key: bytes, bufs: list[memoryview], timeout: float, *, allow_partial: bool = True) -> int | None:
         """Scatter-reads the value of ``key`` into ``bufs`` in order. Returns the stored
         value's full length, or None when the key is absent; bytes beyond the buffers'
-        capacity are dropped (``allow_partial=False`` raises WindowTooSmall instead)."""
+        capacity are dropped (``allow_partial=False`` raises WindowTooSmall instead).
+        A fabric failure (or no free scratch slot) falls back to the bulk path within the
+        same deadline."""
         if self.data_path == "bulk":
             return await self._get_bulk(key, bufs, timeout)
-        triples, keep, views = self._triples(bufs, writable=True)
-        if not triples:
-            info = await self.info(key, timeout)
-            return None if info is None else info[0]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            reply = await self._call(lambda ms: commands.get_rma(key, triples, ms, False), keep, timeout)
-        except WindowTooSmall:
-            if not allow_partial:
-                raise
-            # Our endpoint's PARTIAL extension: fill the window, report the full length.
-            self.stats["partial_retries"] += 1
-            reply = await self._call(lambda ms: commands.get_rma(key, triples, ms, True), keep, deadline - loop.time())
+            try:
+                return await self._get_rma(key, bufs, timeout, partial=False)
+            except WindowTooSmall:
+                if not allow_partial:
+                    raise
+                # Our endpoint's PARTIAL extension: fill the window, report the full length.
+                self.stats["partial_retries"] += 1
+                return await self._get_rma(key, bufs, deadline - loop.time(), partial=True)
+        except _NoSlot:
+            return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
+        except (TransferFailed, NoFabricSession) as exc:
+            if self._bulk_fallback and deadline - loop.time() > 0:
+                return await self._fallback_get(key, bufs, deadline, str(exc))
+            raise
+
+    async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, *, partial: bool) -> int | None:
+        plan = self._plan(bufs, writable=True)
+        if not plan.triples:
+            info = await self.info(key, timeout)
+            return None if info is None else info[0]
+        wanted = [True]  # cleared when the caller stops waiting: no late copy-out then
+
+        def copy_out(reply: Any) -> Any:
+            if reply is not None and wanted[0]:
+                for user, staged in plan.staged:
+                    user[:] = staged
+            return reply
+
+        try:
+            reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial), plan.keep, timeout,
+                                     after=copy_out, over=lambda: self._give_slots(plan))
+        except BaseException:
+            wanted[0] = False
+            raise
         parsed = commands.parse_get_reply(reply)
         if parsed is None:
             return None
         obj_len, crc = parsed
-        if self._verify_crc and obj_len <= sum(t[2] for t in triples):
-            self._check_crc(views, obj_len, crc, key)
+        if self._verify_crc and obj_len <= sum(t[2] for t in plan.triples):
+            self._check_crc(plan.keep, obj_len, crc, key)
         return obj_len
 
     async def set_from(self, key: bytes, parts: list[memoryview], ttl_s: float | None, timeout: float) -> None:
-        """Stores the concatenation of ``parts`` under ``key`` (server reads them by RMA)."""
+        """Stores the concatenation of ``parts`` under ``key`` (server reads them by RMA).
+        A fabric failure falls back to the bulk path within the same deadline."""
         ttl_ms = max(1, math.ceil(ttl_s * 1000)) if ttl_s else None
         if self.data_path == "bulk":
-            value = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
-            reply = await self._call(lambda ms: commands.set_bulk(key, value, ttl_ms), None, timeout)
-        else:
-            triples, keep, _ = self._triples(parts, writable=False)
-            total = sum(t[2] for t in triples)
-            if not triples:
+            return await self._set_bulk(key, parts, ttl_ms, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            plan = self._plan(parts, writable=False)
+        except _NoSlot:
+            self.stats["bulk_fallbacks"] += 1
+            return await self._set_bulk(key, parts, ttl_ms, timeout)
+        total = sum(t[2] for t in plan.triples)
+        try:
+            if not plan.triples:
+                self._give_slots(plan)
                 reply = await self._call(lambda ms: commands.set_bulk(key, b"", ttl_ms), None, timeout)
             else:
-                reply = await self._call(lambda ms: commands.set_rma(key, total, triples, ttl_ms, ms), keep, timeout)
-        if reply not in (b"OK", "OK", True):
-            raise ServerError(f"unexpected {commands.SET} reply: {reply!r}")
+                reply = await self._call(lambda ms: commands.set_rma(key, total, plan.triples, ttl_ms, ms), plan.keep,
+                                         timeout, over=lambda: self._give_slots(plan))
+        except (TransferFailed, NoFabricSession) as exc:
+            left = deadline - loop.time()
+            if not (self._bulk_fallback and left > 0):
+                raise
+            log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
+            self.stats["bulk_fallbacks"] += 1
+            return await self._set_bulk(key, parts, ttl_ms, left)
+        _expect_ok(reply)
+
+    async def _fallback_get(self, key: bytes, bufs: Sequence[Any], deadline: float, why: str) -> int | None:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise DeadlineExceeded(f"no time left for a bulk fallback ({why})")
+        log.info("fabric GET of %r not possible (%s): bulk fallback", key, why)
+        self.stats["bulk_fallbacks"] += 1
+        return await self._get_bulk(key, bufs, left)
+
+    async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
+        value = b"".join(bytes(_byte_view(p)) for p in parts)
+        _expect_ok(await self._call(lambda ms: commands.set_bulk(key, value, ttl_ms), None, timeout))
+
+    # -- the store's ChunkTransport protocol ------------------------------------------------
+
+    async def get_many_into(
+        self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
+    ) -> list[int | None | TransportError]:
+        """Concurrent ``get_into`` striped over the connections; per-item errors as values."""
+        got = await asyncio.gather(*(self.get_into(k, list(b), timeout) for k, b in items), return_exceptions=True)
+        return [_as_result(g) for g in got]
+
+    async def set_many(
+        self, items: Sequence[tuple[bytes, Sequence[Any]]], *, ttl_s: float | None, timeout: float
+    ) -> list[TransportError | None]:
+        got = await asyncio.gather(*(self.set_from(k, list(p), ttl_s, timeout) for k, p in items), return_exceptions=True)
+        return [_as_result(g) for g in got]
+
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+        """One pipelined round trip on one connection (EXISTS per key keeps the order)."""
+        if not keys:
+            return []
+        cmds = [("EXISTS", k) for k in keys]
+        replies = await self._call(lambda ms: ("__PIPELINE__", cmds), None, timeout)
+        return [bool(r) for r in replies]
+
+    async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
+        cursor = b"0"
+        while True:
+            cursor, keys = await self.command("SCAN", cursor, "MATCH", match, "COUNT", count)
+            for k in keys:
+                yield k
+            if cursor in (b"0", 0, "0"):
+                return
+
+    async def ping(self, *, timeout: float) -> None:
+        await self.command("PING", timeout=timeout)
 
     async def delete(self, keys: Iterable[bytes], timeout: float = 5.0) -> int:
         keys = list(keys)
@@ -351,7 +502,7 @@ class FabricTransport:
             return None
         off = 0
         for b in bufs:
-            mv = memoryview(b).cast("B")
+            mv = _byte_view(b)
             n = min(len(mv), len(value) - off)
             if n <= 0:
                 break
@@ -360,6 +511,7 @@ class FabricTransport:
         return len(value)
 
     def _check_crc(self, views: list[memoryview], obj_len: int, crc: int, key: bytes) -> None:
+        # Staged buffers were copied out already, so the user's views hold the bytes.
         if self._ep().crc32c(views, obj_len) != crc:
             raise CorruptChunk("crc", f"RMA GET of {key!r}: bytes in the buffers do not match the server's crc32c")
 
@@ -391,6 +543,43 @@ class FabricTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _NoSlot(Exception):
+    """No scratch slot free for a small unregistered buffer: use the bulk path."""
+
+
+class _Plan:
+    __slots__ = ("triples", "keep", "targets", "staged", "slots")
+
+    def __init__(self) -> None:
+        self.triples: list[commands.Triple] = []
+        self.keep: list[memoryview] = []  # the caller's views, referenced until the transfer is over
+        self.targets: list[memoryview] = []  # where the bytes really move (view or scratch slot)
+        self.staged: list[tuple[memoryview, memoryview]] = []  # (caller's view, scratch slot)
+        self.slots: list[int] = []
+
+
+def _byte_view(b: Any) -> memoryview:
+    mv = b if isinstance(b, memoryview) else memoryview(b)
+    return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
+
+
+def _expect_ok(reply: Any) -> None:
+    if reply not in (b"OK", "OK", True):
+        raise ServerError(f"unexpected {commands.SET} reply: {reply!r}")
+
+
+def _as_result(value: Any) -> Any:
+    if isinstance(value, BaseException) and not isinstance(value, LmcacheValkeyError):
+        if isinstance(value, asyncio.CancelledError):
+            raise value
+        return TransportError(f"{type(value).__name__}: {value}")
+    return value
+
+
+async def _read_n(raw: Any, n: int) -> list[Any]:
+    return [await raw.read_response() for _ in range(n)]
 
 
 def _forget_task(tasks: set[asyncio.Task]) -> Any:

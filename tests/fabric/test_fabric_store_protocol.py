@@ -1,0 +1,68 @@
+"""FabricTransport speaks the store's ChunkTransport protocol, is built from Settings,
+and falls back to the bulk path per operation when an RMA transfer fails."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from lmcache_valkey.config import FabricSettings, Node, Settings
+from lmcache_valkey.transport.fabric import FabricTransport, open_fabric_transport
+
+MiB = 1 << 20
+
+
+def test_chunk_transport_protocol_from_settings(start_server):
+    srv = start_server("tcp;ofi_rxm")
+    settings = Settings(nodes=(Node("127.0.0.1", srv.port),), transport="fabric",
+                        fabric=FabricSettings(provider="tcp;ofi_rxm", bind_addr="127.0.0.1"))
+
+    async def body():
+        t = await open_fabric_transport(settings)
+        try:
+            arena = bytearray(8 * MiB)
+            t.register_buffer(arena)
+            mv = memoryview(arena)
+            values = {b"ns:c:%d" % i: os.urandom(MiB) for i in range(4)}
+            items = []
+            for i, (k, v) in enumerate(values.items()):
+                mv[i * MiB : (i + 1) * MiB] = v
+                items.append((k, (b"H" * 512, mv[i * MiB : (i + 1) * MiB])))
+            assert await t.set_many(items, ttl_s=None, timeout=10) == [None] * 4
+            assert await t.exists_many([*values, b"ns:c:none"], timeout=5) == [True] * 4 + [False]
+            headers = [bytearray(512) for _ in values]
+            dests = [mv[(4 + i) * MiB : (5 + i) * MiB] for i in range(4)]
+            got = await t.get_many_into([(k, [memoryview(h), d]) for k, h, d in zip(values, headers, dests)]
+                                        + [(b"ns:c:none", [memoryview(bytearray(512))])], timeout=10)
+            assert got == [512 + MiB] * 4 + [None]
+            assert all(h == b"H" * 512 for h in headers)
+            assert [bytes(d) for d in dests] == list(values.values())
+            assert sorted([k async for k in t.scan_iter(b"ns:c:*")]) == sorted(values)
+            await t.ping(timeout=5)
+            assert await t.delete(list(values), timeout=5) == 4
+        finally:
+            await t.close()
+
+    asyncio.run(body())
+
+
+def test_failed_rma_falls_back_to_bulk_within_the_deadline(start_server):
+    srv = start_server("tcp;ofi_rxm")
+    value = os.urandom(2 * MiB)
+    srv.client().execute_command("BLOB.SET", b"k", value)
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port) as t:
+            arena = bytearray(4 * MiB)
+            region = t.register_buffer(arena)
+            # Failure injection: close the MR under the transport's feet, so the server's
+            # fi_write meets an unknown key while the client still believes it registered.
+            t.endpoint._lib.lmcv_mr_close(region._mr)
+            mv = memoryview(arena)
+            assert await t.get_into(b"k", [mv[: 2 * MiB]], 10) == 2 * MiB
+            assert mv[: 2 * MiB] == value
+            assert t.stats["bulk_fallbacks"] == 1
+            t.endpoint._regions.remove(region)
+
+    asyncio.run(body())
+    assert srv.info()["xfers_failed"] == 1
