@@ -251,3 +251,27 @@ def test_concurrent_batches_and_gets_share_the_pool(valkey_server) -> None:
             await c.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("greedy", [16 * 1024, 256 * 1024])
+def test_short_read_bursts_and_rcvlowat_never_stall(valkey_server, monkeypatch, greedy: int) -> None:
+    """Reads cut short by the per-callback budget must leave SO_RCVLOWAT at most the payload still due."""
+    from lmcache_valkey.transport.resp import connection
+
+    monkeypatch.setattr(connection, "GREEDY_MAX", greedy)
+
+    async def main() -> None:
+        c = await _client(valkey_server, connections_per_node=2)
+        try:
+            values = [os.urandom(3 * MiB + 12345 * i) for i in range(4)]
+            await c.set_many([(b"r%d" % i, [v]) for i, v in enumerate(values)], ttl_s=None, timeout=20)
+            for _ in range(5):
+                bufs = [bytearray(len(v)) for v in values]
+                res = await c.get_many_into([(b"r%d" % i, [memoryview(b)]) for i, b in enumerate(bufs)], timeout=20)
+                assert res == [len(v) for v in values] and bufs == values
+                for i, v in enumerate(values):
+                    assert await c.get_into(b"r%d" % i, [memoryview(bufs[i])], timeout=20) == len(v)
+        finally:
+            await c.close()
+
+    asyncio.run(main())

@@ -58,6 +58,13 @@ GREEDY_MAX = 8 << 20
 # While a payload arrives on a plain socket, ask the kernel to wake us only when
 # this much (or the rest of the payload) is readable: fewer, bigger reads.
 RCVLOWAT_MAX = 1 << 20
+# Plain sockets: buffers of at least DIRECT_MIN bytes are sent with sock.send()
+# straight from the caller's memory while the transport has nothing queued; when
+# the socket is full only PROBE_SLICE bytes are handed to (and copied by) the
+# transport, to be told when it drains.
+DIRECT_SEND = True
+DIRECT_MIN = 64 << 10
+PROBE_SLICE = 16 << 10
 # Payloads smaller than this are joined with their header (one send() call).
 SMALL_JOIN = 8 << 10
 
@@ -144,25 +151,22 @@ class Connection(asyncio.BufferedProtocol):
                     try:
                         n = recv_into(buf)
                     except (BlockingIOError, InterruptedError):
-                        if RCVLOWAT_MAX:
-                            # Wake us only when a big piece is there (never more
-                            # than the payload still due, so this cannot stall).
-                            want = min(parser.fill_left, RCVLOWAT_MAX)
-                            if want != self._lowat:
-                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                                self._lowat = want
-                        return
+                        break
                     except OSError:
-                        return  # the transport sees the error on its next read
+                        return  # the transport meets the error on its next read
                     if not n:
                         return  # EOF: the transport sees it on its next read
                     budget -= n
                     parser.buffer_updated(n)
-                if parser.filling:
-                    return  # budget spent: let other callbacks run; the socket stays readable
-            if self._lowat != 1:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-                self._lowat = 1
+            # Wake us only when a big piece of the payload is there — never more
+            # than the payload still due, or the socket would never turn readable.
+            want = min(parser.fill_left, RCVLOWAT_MAX) if parser.filling and RCVLOWAT_MAX else 1
+            if want != self._lowat:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, want))
+                    self._lowat = want
+                except OSError:
+                    pass  # socket already failing; the transport reports it
         except TransportError as e:  # ProtocolError
             self.abort(e)
 
@@ -284,9 +288,33 @@ class Connection(asyncio.BufferedProtocol):
 
     def _pump(self) -> None:
         out = self._out
-        write = self.transport.write  # type: ignore[union-attr]
+        transport = self.transport
+        write = transport.write  # type: ignore[union-attr]
+        sock = self._sock if DIRECT_SEND else None
         while out and not self._paused:
             d = out[0]
+            if sock is not None and len(d) >= DIRECT_MIN and not transport.get_write_buffer_size():  # type: ignore[union-attr]
+                # Plain socket, nothing queued in the transport (so order is
+                # kept): the kernel copies straight from the caller's buffer.
+                try:
+                    n = sock.send(d)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError:
+                    n = 0  # the transport's own write below meets the error and reports it
+                if n == len(d):
+                    out.popleft()
+                    continue
+                if n:
+                    d = d[n:]
+                # Socket full: hand the transport a small piece; it copies it,
+                # waits for the socket to drain and pauses us until then.
+                write(d[:PROBE_SLICE])
+                if len(d) > PROBE_SLICE:
+                    out[0] = d[PROBE_SLICE:]
+                else:
+                    out.popleft()
+                continue
             if len(d) > WRITE_SLICE:
                 write(d[:WRITE_SLICE])
                 out[0] = d[WRITE_SLICE:]
