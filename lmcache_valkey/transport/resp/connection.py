@@ -4,13 +4,17 @@ Receive path: :meth:`Connection.get_buffer` hands the event loop a slice of the
 *current destination* — the caller's buffer while a GET's payload is arriving,
 the parser's scratch buffer otherwise — so the kernel (or the TLS layer) copies
 straight into it. On plain sockets, once a payload is arriving we keep calling
-``recv_into`` on the socket until it would block, instead of one read per event
-loop iteration.
+``recv_into`` until the socket would block (up to ``GREEDY_MAX`` bytes per
+callback), and set ``SO_RCVLOWAT`` to min(payload still due, ``RCVLOWAT_MAX``)
+so the loop wakes for big pieces, not for every segment.
 
 Send path: commands are queued as a list of buffers (a small RESP header, then
-the caller's payload memoryviews, then a trailer) and written slice by slice
-while the transport's buffer is empty, so a multi-MiB payload is never
-concatenated and the transport copies at most the unsent tail of one slice.
+the caller's payload memoryviews, then a trailer); the payload is never
+concatenated. On plain sockets large buffers go out with ``sock.send`` straight
+from the caller's memory whenever the transport has nothing queued; when the
+socket is full, only a small probe slice is handed to the transport (which
+copies it and pauses us until the socket drains). TLS writes go through the
+transport slice by slice (encryption copies anyway).
 
 Buffer ownership rule (the one place it is written down)
 ---------------------------------------------------------
