@@ -64,7 +64,9 @@ def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | N
     return [header, *(v for v in views if len(v)), trailer], total
 
 
-def _sink(bufs: Sequence[Any]) -> list[memoryview]:
+def _sink(bufs: Any) -> list[memoryview]:
+    if isinstance(bufs, (memoryview, bytearray)):  # one buffer given bare
+        return [as_byte_view(bufs, writable=True)]
     return [as_byte_view(b, writable=True) for b in bufs]
 
 

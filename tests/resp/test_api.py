@@ -1,0 +1,56 @@
+"""The public surface of the RESP transport, pinned."""
+
+from __future__ import annotations
+
+import inspect
+
+import lmcache_valkey.transport.resp as resp
+from lmcache_valkey.transport.resp import RespClient
+
+
+def test_exports() -> None:
+    assert resp.__all__ == ["RespClient"]
+
+
+def test_signatures() -> None:
+    expected = {
+        "start": [],
+        "get_into": ["key", "bufs", "*timeout"],
+        "get_many_into": ["items", "*timeout"],
+        "set": ["key", "parts", "*ttl_s", "*timeout"],
+        "set_many": ["items", "*ttl_s", "*timeout"],
+        "exists_many": ["keys", "*timeout"],
+        "getrange_into": ["key", "start", "buf", "*timeout"],
+        "delete": ["keys", "*timeout"],
+        "command": ["args", "*key", "*timeout"],
+        "command_all_primaries": ["args", "*timeout"],
+        "scan_iter": ["match", "count"],
+        "ping": ["*timeout"],
+        "close": [],
+    }
+    for name, params in expected.items():
+        sig = inspect.signature(getattr(RespClient, name))
+        got = [("*" if p.kind is p.KEYWORD_ONLY else "") + p.name for p in list(sig.parameters.values())[1:]]
+        assert got == params, name
+        if name == "scan_iter":
+            assert inspect.isasyncgenfunction(RespClient.scan_iter)
+        else:
+            assert inspect.iscoroutinefunction(getattr(RespClient, name)), name
+    assert isinstance(RespClient.is_cluster, property)
+
+
+def test_layering() -> None:
+    """The transport imports only the standard library, config and errors."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(resp.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 3:
+                assert node.module in ("config", "errors"), (path.name, node.module)
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert not node.module.startswith(("valkey", "lmcache", "redis")), (path.name, node.module)
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    assert not a.name.startswith(("valkey", "lmcache", "redis")), (path.name, a.name)
