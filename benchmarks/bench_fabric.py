@@ -131,26 +131,35 @@ def start_server(provider: str, arena_mb: int) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("server did not start")
 
 
-async def fabric_bandwidth(provider: str, port: int, size: int, seconds: float) -> tuple[float, float]:
-    async with FabricTransport("127.0.0.1", port, provider=provider, connections=1) as t:
-        arena = bytearray(2 * size)
+async def fabric_bandwidth(provider: str, port: int, size: int, seconds: float, depth: int = 1) -> tuple[float, float]:
+    """``depth`` values in flight at once (one connection each); depth 1 = one at a time."""
+    async with FabricTransport("127.0.0.1", port, provider=provider, connections=depth) as t:
+        arena = bytearray(2 * size * depth)
         t.register_buffer(arena)
         mv = memoryview(arena)
-        mv[:size] = os.urandom(size)
-        src, dst = mv[:size], mv[size:]
-        await t.set_from(b"bench", [src], None, 30)
-        await t.get_into(b"bench", [dst], 30)  # warm-up
+        for d in range(depth):
+            mv[2 * d * size : (2 * d + 1) * size] = os.urandom(size)
         out = []
         for op in ("get", "set"):
-            moved, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                if op == "get":
-                    await t.get_into(b"bench", [dst], 30)
-                else:
-                    await t.set_from(b"bench", [src], None, 30)
-                moved += size
-            out.append(moved / (time.perf_counter() - t0))
-        await t.delete([b"bench"])
+            moved = [0]
+            t0 = time.perf_counter()
+
+            async def lane(d: int) -> None:
+                src, dst = mv[2 * d * size : (2 * d + 1) * size], mv[(2 * d + 1) * size : (2 * d + 2) * size]
+                key = b"bench%d" % d
+                await t.set_from(key, [src], None, 30)
+                await t.get_into(key, [dst], 30)  # warm-up, connection and HELLO
+                while time.perf_counter() - t0 < seconds:
+                    if op == "get":
+                        await t.get_into(key, [dst], 30)
+                    else:
+                        await t.set_from(key, [src], None, 30)
+                    moved[0] += size
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(lane(d) for d in range(depth)))
+            out.append(moved[0] / (time.perf_counter() - t0))
+        await t.delete([b"bench%d" % d for d in range(depth)])
         return out[0], out[1]
 
 
@@ -183,7 +192,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     args = ap.parse_args()
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
-    proc, port = start_server(args.provider, arena_mb=4 * max(sizes) // MiB + 64)
+    proc, port = start_server(args.provider, arena_mb=12 * max(sizes) // MiB + 64)
     rows = []
     try:
         for size in sizes:
@@ -191,7 +200,7 @@ def main() -> None:
             # the machine is shared, so ratios from one moment are fairer than from
             # separate minutes.
             raw = RawPair(args.provider, size)
-            samples: dict[str, list[float]] = {k: [] for k in ("rw", "rr", "fg", "fs", "pg", "ps")}
+            samples: dict[str, list[float]] = {k: [] for k in ("rw", "rr", "fg", "fs", "fg4", "fs4", "pg", "ps")}
             try:
                 for _ in range(args.rounds):
                     samples["rw"].append(raw.measure("write", args.seconds))
@@ -199,13 +208,16 @@ def main() -> None:
                     fg, fs = asyncio.run(fabric_bandwidth(args.provider, port, size, args.seconds))
                     samples["fg"].append(fg)
                     samples["fs"].append(fs)
+                    fg4, fs4 = asyncio.run(fabric_bandwidth(args.provider, port, size, args.seconds, depth=4))
+                    samples["fg4"].append(fg4)
+                    samples["fs4"].append(fs4)
                     pg, ps = resp_bandwidth(port, size, args.seconds)
                     samples["pg"].append(pg)
                     samples["ps"].append(ps)
             finally:
                 raw.close()
             med = {k: statistics.median(v) for k, v in samples.items()}
-            rows.append((size, med["rw"], med["rr"], med["fg"], med["fs"], med["pg"], med["ps"]))
+            rows.append((size, med["rw"], med["rr"], med["fg"], med["fs"], med["pg"], med["ps"], med["fg4"], med["fs4"]))
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait()
@@ -213,11 +225,11 @@ def main() -> None:
     print(f"provider={args.provider}  medians of {args.rounds} interleaved rounds, GB/s;"
           " GET = server fi_write vs raw write, SET = server fi_read vs raw read")
     print(f"{'size':>6} {'raw wr':>7} {'raw rd':>7} {'fab GET':>8} {'%raw':>5} {'fab SET':>8} {'%raw':>5} "
-          f"{'RESP GET':>9} {'RESP SET':>9} {'GET fab/RESP':>12}")
-    for size, rw, rr, fg, fs, pg, ps in rows:
+          f"{'RESP GET':>9} {'RESP SET':>9} {'GET fab/RESP':>12} {'fab GET x4':>10} {'fab SET x4':>10}")
+    for size, rw, rr, fg, fs, pg, ps, fg4, fs4 in rows:
         print(f"{size // MiB:>4}Mi {rw / gb:7.2f} {rr / gb:7.2f} {fg / gb:8.2f} {100 * fg / rw:4.0f}% {fs / gb:8.2f} "
-              f"{100 * fs / rr:4.0f}% {pg / gb:9.2f} {ps / gb:9.2f} {fg / pg:11.2f}x")
-
+              f"{100 * fs / rr:4.0f}% {pg / gb:9.2f} {ps / gb:9.2f} {fg / pg:11.2f}x {fg4 / gb:10.2f} {fs4 / gb:10.2f}")
+    print("x4: four values in flight on four connections (aggregate); all other columns move one value at a time.")
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
 /* Command layer of the endpoint: parses BLOB.* arguments, owns the keyspace values and the
  * per-connection fabric sessions, and decides between a synchronous reply (bulk mode,
  * misses, refusals) and a blocked client served by the fabric thread (RMA mode).
- * Never calls libfabric directly (fabric.c does) and never waits on the network. */
+ * Never calls libfabric directly (fabric.c does) and never waits on the network.
+ * Why values are a module type over one arena: docs/fabric-keyspace.md. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
