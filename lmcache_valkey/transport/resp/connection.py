@@ -88,7 +88,10 @@ def make_ssl_context(tls: TLSSettings) -> ssl.SSLContext:
 
 
 class _Gather:
-    """Collects the replies of a pipeline, then calls back once with the list."""
+    """One entry in the reply queue standing for the ``n`` replies of a pipeline.
+
+    Collects them, then calls back once with the list.
+    """
 
     __slots__ = ("n", "values", "cb")
 
@@ -97,11 +100,10 @@ class _Gather:
         self.values: list[Any] = []
         self.cb = cb
 
-    def __call__(self, v: Any) -> None:
+    def fail(self, exc: BaseException) -> None:
         values = self.values
-        values.append(v)
-        if len(values) == self.n:
-            self.cb(values)
+        values.extend(repeat(exc, self.n - len(values)))
+        self.cb(values)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -228,7 +230,7 @@ class Connection(asyncio.BufferedProtocol):
             self.round_trips += 1
         self.requests += n
         self.parser.push_no_sinks(n)
-        self._cbs.extend(repeat(_Gather(n, cb), n))
+        self._cbs.append(_Gather(n, cb))
         if data:
             self._out.append(data)
             if not self._paused:
@@ -327,8 +329,18 @@ class Connection(asyncio.BufferedProtocol):
                 out.popleft()
 
     def _on_reply(self, value: Any) -> None:
-        if self._cbs:
-            self._cbs.popleft()(value)
+        cbs = self._cbs
+        if cbs:
+            cb = cbs[0]
+            if type(cb) is _Gather:
+                values = cb.values
+                values.append(value)
+                if len(values) == cb.n:
+                    cbs.popleft()  # before the callback, which may queue more
+                    cb.cb(values)
+            else:
+                cbs.popleft()
+                cb(value)
 
     def _fail_all(self, exc: BaseException) -> None:
         self.broken = True
@@ -336,7 +348,11 @@ class Connection(asyncio.BufferedProtocol):
         self._out.clear()
         cbs = self._cbs
         while cbs:
-            cbs.popleft()(exc)
+            cb = cbs.popleft()
+            if type(cb) is _Gather:
+                cb.fail(exc)
+            else:
+                cb(exc)
 
 
 def _tune(sock: socket.socket) -> None:

@@ -339,12 +339,26 @@ class ReplyParser:
             if top_level:
                 sinks = self._sinks
                 sink = sinks.popleft() if sinks else None
-                if kind == 58:  # ':' fast path (pipelined EXISTS and friends)
-                    try:
-                        v = int(buf[start + 1:idx])
-                    except ValueError:
-                        raise ProtocolError(f"bad integer {bytes(buf[start + 1:idx])!r}") from None
-                    self._on_reply(v)
+                if kind == 58:  # ':' fast path: a run of integer replies (pipelined EXISTS)
+                    on_reply = self._on_reply
+                    end = self._end
+                    while True:
+                        try:
+                            v = int(buf[start + 1:idx])
+                        except ValueError:
+                            raise ProtocolError(f"bad integer {bytes(buf[start + 1:idx])!r}") from None
+                        on_reply(v)
+                        if self._dead:
+                            return
+                        start = self._start
+                        if start >= end or buf[start] != 58 or self._stack:
+                            break
+                        idx = buf.find(_CRLF, start, end)
+                        if idx < 0:
+                            break
+                        self._start = idx + 2
+                        if sinks:
+                            sinks.popleft()
                     continue
                 self._sink = sink
             line = bytes(buf[start + 1:idx])
