@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
 TRYAGAIN_SLEEP_S = 0.02
+SLOT_CACHE_MAX = 200_000
 
 
 def _set_op(index: int, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> Op:
@@ -79,6 +80,7 @@ class RespClient:
         self._map = SlotMap()
         self._primary: Node = settings.nodes[0]
         self._refresh_task: asyncio.Task[None] | None = None
+        self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
         self._started = False
         self._closed = False
 
@@ -161,7 +163,13 @@ class RespClient:
             return self._primary
         if key is None:
             return self._map.primaries[0] if self._map.primaries else self._primary
-        return self._map.node_for(key_slot(key)) or (self._map.primaries or [self._primary])[0]
+        cache = self._slot_cache
+        slot = cache.get(key)
+        if slot is None:
+            if len(cache) >= SLOT_CACHE_MAX:
+                cache.clear()
+            slot = cache[key] = key_slot(key)
+        return self._map.node_for(slot) or (self._map.primaries or [self._primary])[0]
 
     def _schedule_refresh(self) -> None:
         if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
