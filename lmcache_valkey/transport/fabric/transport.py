@@ -8,8 +8,8 @@ broke -- even when the caller's await was cancelled or timed out. If the server 
 that operations were still in flight at its deadline, the buffers are quarantined
 (referenced until ``close()``, which deregisters the memory first) and counted.
 
-Control traffic uses valkey-py's asyncio ``Connection``; valkey-py is imported here and in
-no other module of this package, and its errors are mapped here.
+Control connections (and valkey-py) live in ``sessions``; this module decides what to send,
+where the bytes move, and when buffers may be let go.
 """
 
 from __future__ import annotations
@@ -21,12 +21,7 @@ import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
-import valkey.asyncio.connection as vconn
-import valkey.exceptions as vexc
-
 from lmcache_valkey.errors import (
-    LmcacheValkeyError,
-    ConnectionLost,
     CorruptChunk,
     DeadlineExceeded,
     FabricUnavailable,
@@ -39,17 +34,11 @@ from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
 from .scratch import ScratchPool
+from .sessions import ErrorReply, SessionPool
 
 log = logging.getLogger(__name__)
 
 DATA_PATHS = ("rma", "bulk")
-
-
-class _Conn:
-    """One control connection; in RMA mode it carries a fabric session (HELLO done)."""
-
-    def __init__(self, raw: vconn.Connection) -> None:
-        self.raw = raw
 
 
 class FabricTransport:
@@ -87,11 +76,7 @@ class FabricTransport:
         if connections < 1:
             raise ValueError("connections must be >= 1")
         self.data_path = data_path
-        self._conn_kwargs = dict(
-            host=host, port=port, db=db, username=username, password=password,
-            socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
-        )
-        self._max_conns = connections
+        self._connect_timeout = connect_timeout
         self._verify_crc = verify_crc
         self._grace = drain_grace_s
         self._owns_endpoint = endpoint is None
@@ -102,15 +87,19 @@ class FabricTransport:
             self.endpoint = endpoint or FabricEndpoint(provider, bind_addr, hmem=hmem)
             if scratch_bytes > 0:
                 self._scratch = ScratchPool(self.endpoint, scratch_bytes)
-        self._idle: list[_Conn] = []
-        self._sem: asyncio.Semaphore | None = None
+        conn_kwargs = dict(
+            host=host, port=port, db=db, username=username, password=password,
+            socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
+        )
+        ep = self.endpoint
+        self._pool = SessionPool(conn_kwargs, connections, ep.name if ep else None, ep.add_peer if ep else None)
         self._tasks: set[asyncio.Task] = set()
         self._held: dict[int, Any] = {}
         self._held_ids = itertools.count()
         self._quarantine: list[Any] = []
         self._closed = False
-        self.stats = {"quarantined": 0, "held_after_disconnect": 0, "partial_retries": 0, "connections": 0,
-                      "staged": 0, "bulk_fallbacks": 0}
+        self._stats = {"quarantined": 0, "held_after_disconnect": 0, "partial_retries": 0,
+                       "staged": 0, "bulk_fallbacks": 0}
 
     # -- registration ---------------------------------------------------------------------
 
@@ -166,7 +155,7 @@ class FabricTransport:
             self._give_slots(plan)
             raise
         if plan.staged:
-            self.stats["staged"] += 1
+            self._stats["staged"] += 1
         return plan
 
     def _give_slots(self, plan: "_Plan") -> None:
@@ -179,84 +168,14 @@ class FabricTransport:
 
     async def connect(self) -> None:
         """Opens one connection (with HELLO in RMA mode): a cheap probe for ``auto``."""
-        conn = await self._acquire(asyncio.get_running_loop().time() + float(self._conn_kwargs["socket_connect_timeout"]))
-        self._release(conn)
-
-    async def _new_conn(self) -> _Conn:
-        raw = vconn.Connection(**self._conn_kwargs)
-        try:
-            await raw.connect()
-            if self.endpoint is not None:
-                await raw.send_command(*commands.hello(self.endpoint.name))
-                reply = await raw.read_response()
-                for name in reply or []:
-                    # Lets the provider reach the server too (EFA, shm); harmless for tcp.
-                    self.endpoint.add_peer(bytes.fromhex(name.decode() if isinstance(name, bytes) else name))
-        except vexc.ResponseError as exc:
-            await raw.disconnect()
-            msg = str(exc)
-            if "unknown command" in msg.lower():
-                raise FabricUnavailable(f"server has no {commands.HELLO} (load endpoint/build/lmcv_blob.so): {msg}") from exc
-            raise commands.map_error(msg) from exc
-        except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
-            await raw.disconnect()
-            raise ConnectionLost(f"cannot connect to {self._conn_kwargs['host']}:{self._conn_kwargs['port']}: {exc}") from exc
-        except BaseException:
-            await raw.disconnect()
-            raise
-        self.stats["connections"] += 1
-        return _Conn(raw)
-
-    async def _acquire(self, deadline: float) -> _Conn:
-        if self._closed:
-            raise TransportError("transport is closed")
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self._max_conns)
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(self._sem.acquire(), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded("no connection became free before the deadline") from None
-        while self._idle:
-            conn = self._idle.pop()
-            reader = getattr(conn.raw, "_reader", None)
-            if reader is not None and reader.at_eof():
-                # The server closed it while idle (restart): don't hand out a dead session.
-                await self._close_raw(conn)
-                continue
-            return conn
-        try:
-            return await asyncio.wait_for(self._new_conn(), max(0.001, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            self._sem.release()
-            raise DeadlineExceeded("connecting took past the deadline") from None
-        except BaseException:
-            self._sem.release()
-            raise
-
-    def _release(self, conn: _Conn) -> None:
-        self._idle.append(conn)
-        assert self._sem is not None
-        self._sem.release()
-
-    async def _drop(self, conn: _Conn) -> None:
-        # Never pool a connection that saw an error or cancellation mid-reply.
-        assert self._sem is not None
-        self._sem.release()
-        await self._close_raw(conn)
-
-    @staticmethod
-    async def _close_raw(conn: _Conn) -> None:
-        try:
-            await conn.raw.disconnect(nowait=True)
-        except Exception:
-            pass
+        session = await self._pool.acquire(asyncio.get_running_loop().time() + self._connect_timeout)
+        self._pool.release(session)
 
     def _hold(self, keep: Any, seconds: float, over: Any = None) -> None:
         """Keeps buffers referenced for ``seconds`` (server deadline + grace)."""
         hid = next(self._held_ids)
         self._held[hid] = keep
-        self.stats["held_after_disconnect"] += 1
+        self._stats["held_after_disconnect"] += 1
 
         def let_go() -> None:
             self._held.pop(hid, None)
@@ -277,48 +196,41 @@ class FabricTransport:
         for a quarantined transfer."""
         loop = asyncio.get_running_loop()
         try:
-            conn = await self._acquire(deadline)
+            session = await self._pool.acquire(deadline)
         except BaseException:
             if over:
                 over()  # nothing was sent
             raise
         server_ms = max(1, math.ceil((deadline - loop.time()) * 1000))
+        # Backstop: the server answers by its deadline; past deadline+grace it is gone.
+        wait_s = server_ms / 1000 + self._grace
         try:
             args = args_for(server_ms)
-            if args and args[0] == "__PIPELINE__":  # several plain commands, one round trip
-                await conn.raw.send_packed_command(conn.raw.pack_commands(args[1]))
-                reply = await asyncio.wait_for(_read_n(conn.raw, len(args[1])), server_ms / 1000 + self._grace)
+            if args and args[0] is _PIPELINE:  # several plain commands, one round trip
+                reply = await self._pool.pipeline(session, args[1], wait_s)
             else:
-                await conn.raw.send_command(*args)
-                # Backstop: the server answers by its deadline; past deadline+grace it is gone.
-                reply = await asyncio.wait_for(conn.raw.read_response(), server_ms / 1000 + self._grace)
-        except vexc.ResponseError as exc:
-            err = commands.map_error(str(exc))
+                reply = await self._pool.exchange(session, args, wait_s)
+        except ErrorReply as exc:
+            err = commands.map_error(exc.message)
             if isinstance(err, TransferFailed):
                 # The provider may have torn down its link to us (tcp closes it on a bad
                 # key): start a fresh session on a new connection rather than reuse this one.
-                await self._drop(conn)
+                await self._pool.drop(session)
             else:
-                self._release(conn)  # the error reply was read whole: the connection is clean
+                self._pool.release(session)  # the error reply was read whole: clean
             if isinstance(err, ServerDeadline) and err.inflight:
                 self._quarantine.append(keep)
-                self.stats["quarantined"] += 1
+                self._stats["quarantined"] += 1
             elif over:
                 over()
             raise err from None
-        except BaseException as exc:
-            await self._drop(conn)
+        except BaseException:
+            await self._pool.drop(session)
             # The server may still be moving bytes for this command until its deadline.
             if keep is not None or over is not None:
-                self._hold(keep, server_ms / 1000 + self._grace, over)
-            if isinstance(exc, asyncio.TimeoutError):
-                raise DeadlineExceeded("no reply from the server before deadline + grace") from None
-            if isinstance(exc, (vexc.ConnectionError, vexc.TimeoutError, OSError)):
-                raise ConnectionLost(f"connection lost during {args_for(0)[0]}: {exc}") from exc
-            if isinstance(exc, vexc.ValkeyError):
-                raise TransportError(str(exc)) from exc
+                self._hold(keep, wait_s, over)
             raise
-        self._release(conn)
+        self._pool.release(session)
         try:
             return after(reply) if after else reply
         finally:
@@ -358,7 +270,7 @@ class FabricTransport:
                 if not allow_partial:
                     raise
                 # Our endpoint's PARTIAL extension: fill the window, report the full length.
-                self.stats["partial_retries"] += 1
+                self._stats["partial_retries"] += 1
                 return await self._get_rma(key, bufs, deadline - loop.time(), partial=True)
         except _NoSlot:
             return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
@@ -405,7 +317,7 @@ class FabricTransport:
         try:
             plan = self._plan(parts, writable=False)
         except _NoSlot:
-            self.stats["bulk_fallbacks"] += 1
+            self._stats["bulk_fallbacks"] += 1
             return await self._set_bulk(key, parts, ttl_ms, timeout)
         total = sum(t[2] for t in plan.triples)
         try:
@@ -420,7 +332,7 @@ class FabricTransport:
             if not (self._bulk_fallback and left > 0):
                 raise
             log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
-            self.stats["bulk_fallbacks"] += 1
+            self._stats["bulk_fallbacks"] += 1
             return await self._set_bulk(key, parts, ttl_ms, left)
         _expect_ok(reply)
 
@@ -429,7 +341,7 @@ class FabricTransport:
         if left <= 0:
             raise DeadlineExceeded(f"no time left for a bulk fallback ({why})")
         log.info("fabric GET of %r not possible (%s): bulk fallback", key, why)
-        self.stats["bulk_fallbacks"] += 1
+        self._stats["bulk_fallbacks"] += 1
         return await self._get_bulk(key, bufs, left)
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
@@ -456,7 +368,10 @@ class FabricTransport:
         if not keys:
             return []
         cmds = [("EXISTS", k) for k in keys]
-        replies = await self._call(lambda ms: ("__PIPELINE__", cmds), None, timeout)
+        replies = await self._call(lambda ms: (_PIPELINE, cmds), None, timeout)
+        for r in replies:
+            if isinstance(r, ErrorReply):
+                raise commands.map_error(r.message)
         return [bool(r) for r in replies]
 
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
@@ -491,6 +406,12 @@ class FabricTransport:
         return await self._call(lambda ms: list(args), None, timeout)
 
     @property
+    def stats(self) -> dict[str, int]:
+        """Counters: quarantined, held_after_disconnect, partial_retries, staged,
+        bulk_fallbacks, connections (opened so far, each with its own HELLO)."""
+        return {**self._stats, "connections": self._pool.opened}
+
+    @property
     def pending_ops(self) -> int:
         """Operations whose buffers this transport still holds (running, waiting out a
         server deadline after a broken connection, or quarantined)."""
@@ -520,18 +441,13 @@ class FabricTransport:
         the fabric endpoint; only then are held/quarantined buffers let go."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # refuse new ops; running ones are cancelled below
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        idle, self._idle = self._idle, []
-        for c in idle:
-            try:
-                await c.raw.disconnect()
-            except Exception:
-                pass
+        await self._pool.close()
         if self.endpoint is not None and self._owns_endpoint:
             # Blocking join of the progress thread (<= one wait period): off the loop.
             await asyncio.get_running_loop().run_in_executor(None, self.endpoint.close)
@@ -578,8 +494,7 @@ def _as_result(value: Any) -> Any:
     return value
 
 
-async def _read_n(raw: Any, n: int) -> list[Any]:
-    return [await raw.read_response() for _ in range(n)]
+_PIPELINE = object()  # marks a pipelined batch of plain commands in ``_op``
 
 
 def _forget_task(tasks: set[asyncio.Task]) -> Any:
