@@ -1,0 +1,49 @@
+"""A transfer to a client that stops making progress ends at its deadline with a TIMEOUT
+reply, while the server's main thread keeps serving everyone else; the stalled transfer's
+references are released once its operations end (client killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SIZE = 256 << 20  # far more than the kernel's socket buffers: the write must stall
+
+
+def _poll(pred, tries: int = 200, every: float = 0.05) -> bool:
+    for _ in range(tries):
+        if pred():
+            return True
+        time.sleep(every)
+    return False
+
+
+def test_stalled_target_times_out_and_main_thread_stays_responsive(start_server):
+    srv = start_server("tcp;ofi_rxm", arena_mb=512, extra=("max_timeout_ms", "60000"))
+    c = srv.client()
+    c.execute_command("BLOB.SET", b"big", os.urandom(SIZE))
+    used_before = srv.info()["arena_used_bytes"]
+    helper = subprocess.Popen([sys.executable, str(HERE / "stall_client.py"), str(srv.port), str(SIZE), "1000"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert helper.stdout.readline().strip() == "sent"
+        # While the fabric thread is stuck on the stopped target, the main thread answers.
+        for _ in range(20):
+            assert c.ping()
+            c.set(b"other", b"x")
+        assert _poll(lambda: srv.info()["xfers_timedout"] == 1), srv.info()
+        info = srv.info()
+        assert info["xfers_failed"] == 0 and info["rma_gets"] == 1
+    finally:
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.wait()
+    # The client is gone: its connection resets, the in-flight ops fail, the transfer's
+    # reference on the value is dropped and the session is removed.
+    c.delete(b"big")
+    assert _poll(lambda: srv.info()["arena_used_bytes"] == 0 and srv.info()["sessions"] == 0), srv.info()
+    assert used_before >= SIZE
