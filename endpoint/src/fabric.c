@@ -306,8 +306,9 @@ static struct fi_info *get_info(const char *provider, const char *bind_addr, int
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     if (delivery) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
     hints->fabric_attr->prov_name = strdup(provider);
-    /* shm names endpoints itself; giving it an IP would make every process collide. */
-    int use_node = bind_addr && *bind_addr && strncmp(provider, "shm", 3) != 0;
+    /* shm names endpoints itself (an IP would make every process collide) and efa picks
+     * its device, not an IP: only IP-based providers get the bind address. */
+    int use_node = bind_addr && *bind_addr && strncmp(provider, "shm", 3) != 0 && strncmp(provider, "efa", 3) != 0;
     int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), use_node ? bind_addr : NULL,
                         NULL, use_node ? FI_SOURCE : 0, hints, &info);
     fi_freeinfo(hints);

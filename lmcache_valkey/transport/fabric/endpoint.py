@@ -60,8 +60,9 @@ class FabricEndpoint:
         self._ffi, self._lib = load()
         ffi, lib = self._ffi, self._lib
         err = ffi.new("char[512]")
-        # shm names its endpoints itself; an IP as its node would make processes collide.
-        use_node = node if node and not provider.startswith("shm") else None
+        # shm names its endpoints itself (an IP as its node would make processes collide)
+        # and efa picks a device, not an IP: only IP-based providers get the node.
+        use_node = node if node and not provider.startswith(("shm", "efa")) else None
         ep = lib.lmcv_ep_open(provider.encode(), use_node.encode() if use_node else ffi.NULL, int(hmem), err, 512)
         if ep == ffi.NULL:
             raise FabricUnavailable(f"cannot open libfabric provider {provider!r}: {ffi.string(err).decode()}")
