@@ -54,3 +54,18 @@ def test_layering() -> None:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     assert not a.name.startswith(("valkey", "lmcache", "redis")), (path.name, a.name)
+
+
+def test_set_sends_caller_buffers_without_joining() -> None:
+    from lmcache_valkey.transport.resp.client import _set_parts
+
+    header = bytes(512)
+    payload = bytearray(4 << 20)
+    parts, total = _set_parts(b"key", [header, memoryview(payload)], 10.0)
+    assert total == 512 + (4 << 20)
+    assert parts[0].startswith(b"*5\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\n" % total)
+    assert parts[1] is header  # the caller's objects themselves, not copies
+    assert isinstance(parts[2], memoryview) and parts[2].obj is payload
+    assert parts[3] == b"\r\n$2\r\nPX\r\n$5\r\n10000\r\n"
+    small, _ = _set_parts(b"k", [b"ab", b"cd"], None)  # tiny values: one buffer, one send
+    assert small == [b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\nabcd\r\n"]
