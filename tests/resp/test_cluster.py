@@ -106,7 +106,7 @@ def test_moved_after_slot_migration(valkey_cluster) -> None:
 
 def test_ask_during_migration(valkey_cluster) -> None:
     async def main() -> None:
-        c = RespClient(valkey_cluster.settings())
+        c = RespClient(valkey_cluster.settings(cluster="yes"))
         await c.start()
         try:
             key = b"asked"
