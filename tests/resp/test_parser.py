@@ -153,3 +153,80 @@ def test_long_line_grows_scratch() -> None:
 
 def test_encode_command() -> None:
     assert encode_command(("SET", b"k", 12, 1.5)) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n12\r\n$3\r\n1.5\r\n"
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["int", "simple", "bulk", "nil", "err", "array"] if depth < 3 else ["int", "bulk", "simple"])
+    if kind == "int":
+        return rng.randrange(-10**12, 10**12)
+    if kind == "simple":
+        return ("+", bytes(rng.choice(b"abcXYZ 019") for _ in range(rng.randrange(0, 30))))
+    if kind == "bulk":
+        return rng.randbytes(rng.choice([0, 1, 2, 13, 500, 70_000]))
+    if kind == "nil":
+        return None
+    if kind == "err":
+        return ServerError(rng.choice(["ERR boom", "WRONGTYPE x", "MOVED 1 h:1"]))
+    return [_random_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+
+
+def _encode(v) -> bytes:
+    if isinstance(v, tuple):
+        return b"+" + v[1] + b"\r\n"
+    if isinstance(v, int):
+        return b":%d\r\n" % v
+    if v is None:
+        return b"$-1\r\n"
+    if isinstance(v, ServerError):
+        return b"-" + v.message.encode() + b"\r\n"
+    if isinstance(v, list):
+        return b"*%d\r\n" % len(v) + b"".join(_encode(x) for x in v)
+    return b"$%d\r\n%s\r\n" % (len(v), v)
+
+
+def _same(got, want) -> bool:
+    if isinstance(want, tuple):
+        return got == want[1]
+    if isinstance(want, ServerError):
+        return type(got) is ServerError and got.message == want.message
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    return got == want
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_replies_random_splits_with_sinks(seed: int) -> None:
+    """A property test without hypothesis: random reply trees, random sinks, random receive sizes."""
+    rng = random.Random(1000 + seed)
+    values = [_random_value(rng) for _ in range(rng.randrange(1, 25))]
+    stream = b"".join(_encode(v) for v in values)
+    out: list = []
+    p = ReplyParser(out.append)
+    sinks = []
+    for v in values:
+        if isinstance(v, bytes) and rng.random() < 0.7:  # a bulk reply with a scatter sink
+            caps = [rng.choice([0, 1, 7, 512, 4096, 100_000]) for _ in range(rng.randrange(1, 4))]
+            bufs = [bytearray(b"\xee" * c) for c in caps]
+            sinks.append((v, bufs))
+            p.push_sink([memoryview(b) for b in bufs])
+        else:
+            sinks.append(None)
+            p.push_sink(None)
+    mv = memoryview(stream)
+    while len(mv):
+        dst = p.get_buffer(-1)
+        n = min(len(dst), len(mv), rng.choice([1, 2, 3, 100, 5000, 1 << 20]))
+        dst[:n] = mv[:n]
+        mv = mv[n:]
+        p.buffer_updated(n)
+    assert len(out) == len(values)
+    for got, want, sink in zip(out, values, sinks):
+        if sink is None:
+            assert _same(got, want), (got, want)
+        else:
+            value, bufs = sink
+            assert got == len(value)
+            joined = b"".join(bufs)
+            k = min(len(value), len(joined))
+            assert joined[:k] == value[:k] and joined[k:] == b"\xee" * (len(joined) - k)
+    assert p.idle
