@@ -297,6 +297,9 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         write = transport.write  # type: ignore[union-attr]
         sock = self._sock if DIRECT_SEND else None
+        if transport.is_closing():  # type: ignore[union-attr]
+            out.clear()  # connection_lost() follows and fails the pending requests
+            return
         while out and not self._paused:
             d = out[0]
             if sock is not None and len(d) >= DIRECT_MIN and not transport.get_write_buffer_size():  # type: ignore[union-attr]
