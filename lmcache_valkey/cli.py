@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .config import Settings, settings_from_extra_config, settings_from_mapping
+from .config import Settings, settings_from_mapping
 from .errors import ConfigError, LmcacheValkeyError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -43,7 +43,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raw = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
         if not raw:
             raise ConfigError("--config", f"an LMCache YAML with {prefix}* keys in extra_config", args.config)
-        settings_from_extra_config(extra, args.plugin)  # validate with the YAML's own key names
+        from .tiering.settings import split_tiering_keys, tiering_settings_from_mapping
+
+        tier_raw, raw = split_tiering_keys(raw)
+        tiering_settings_from_mapping(tier_raw, key_prefix=prefix)  # validated, as the workers will
+        try:
+            settings_from_mapping({k: v for k, v in raw.items() if k not in ("module_path", "class_name")})
+        except ConfigError as e:  # name the key as written in the YAML
+            raise ConfigError(prefix + e.key, e.expected, e.got) from None
     for flag, key in (("url", "url"), ("username", "username"), ("password_file", "password_file"),
                       ("tls_ca_file", "tls_ca_file"), ("tenant", "tenant"), ("transport", "transport")):
         value = getattr(args, flag, None)

@@ -76,17 +76,15 @@ def encode_header(
     payload_crc: int | None = None,
 ) -> bytearray:
     """Build the header for ``payload`` (which is not copied)."""
-    packed = msgpack.packb(
-        {
-            "s": [list(s) for s in meta.shapes],
-            "d": list(meta.dtypes),
-            "f": int(meta.fmt),
-            "k": meta.key[:_KEY_STRING_MAX],
-        },
-        use_bin_type=True,
-    )
+    fields = {"s": [list(s) for s in meta.shapes], "d": list(meta.dtypes), "f": int(meta.fmt), "k": ""}
+    packed = msgpack.packb(fields, use_bin_type=True)
     if len(packed) > _META_MAX:
         raise ValueError(f"chunk metadata of {len(packed)} bytes does not fit the {HEADER_SIZE}-byte header")
+    # The key string is informational (the key digest is what is checked): keep what fits.
+    room = min(_KEY_STRING_MAX, _META_MAX - len(packed) - 2)
+    if meta.key and room > 0:
+        fields["k"] = meta.key.encode()[:room].decode("utf-8", "ignore")
+        packed = msgpack.packb(fields, use_bin_type=True)
     n = memoryview(payload).nbytes
     crc = crc32c(payload) if payload_crc is None else payload_crc
     created = int(time.time() * 1000) if created_ms is None else created_ms
@@ -108,7 +106,8 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
     if magic != MAGIC:
         raise CorruptChunk("foreign", "not an lmcache-valkey chunk (bad magic)")
     if version != VERSION or hsize != HEADER_SIZE:
-        raise CorruptChunk("foreign", f"format version {version}/{hsize}, expected {VERSION}/{HEADER_SIZE}")
+        # Another format version (a rolling upgrade): a miss, but not ours to delete.
+        raise CorruptChunk("format", f"format version {version}/{hsize}, expected {VERSION}/{HEADER_SIZE}")
     scratch = bytearray(view[:HEADER_SIZE])
     scratch[_CRC_OFFSET : _CRC_OFFSET + 4] = b"\0\0\0\0"
     if crc32c(scratch) != hcrc:

@@ -73,7 +73,7 @@ class Settings:
     lookup_timeout_s: float = 1.0
     connections_per_node: int = 4
     ttl_s: float | None = None
-    max_chunk_bytes: int = 512 << 20
+    max_chunk_bytes: int = 256 << 20
     transport: str = "auto"  # auto | tcp | fabric
     fabric: FabricSettings = field(default_factory=FabricSettings)
     key_prefix: str = "lmcv"
@@ -96,12 +96,21 @@ def _as_str(key: str, v: Any) -> str:
     raise ConfigError(key, "a string", v)
 
 
+def _as_secret(key: str, v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise ConfigError(key, "a string (quote it in YAML)", "<redacted>")
+
+
 def _as_bool(key: str, v: Any) -> bool:
     if isinstance(v, bool):
         return v
     if isinstance(v, str) and v.strip().lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
         return v.strip().lower() in {"1", "true", "yes", "on"}
     raise ConfigError(key, "a boolean (true/false)", v)
+
+
+MAX_SECONDS = 24 * 3600.0
 
 
 def _as_float(key: str, v: Any, *, minimum: float = 0.0, allow_zero: bool = False) -> float:
@@ -111,9 +120,9 @@ def _as_float(key: str, v: Any, *, minimum: float = 0.0, allow_zero: bool = Fals
         f = float(v)
     except (TypeError, ValueError):
         raise ConfigError(key, "a number of seconds", v) from None
-    if f < minimum or (f == minimum and not allow_zero) or f != f or f == float("inf"):
+    if f < minimum or (f == minimum and not allow_zero) or f != f or f > MAX_SECONDS:
         bound = f">= {minimum}" if allow_zero else f"> {minimum}"
-        raise ConfigError(key, f"a finite number {bound}", v)
+        raise ConfigError(key, f"a number of seconds {bound} and at most {MAX_SECONDS:g}", v)
     return f
 
 
@@ -161,13 +170,21 @@ def _as_file(key: str, v: Any) -> str:
     return path
 
 
+def _redact_url(url: object) -> object:
+    """The URL with any ``user:password@`` removed, for error messages and logs."""
+    if isinstance(url, str) and "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
 def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, dict[str, str], str | None, str | None]:
     """Parse ``valkey[s]://[user:pass@]host:port[,host:port...][/db][?k=v]`` or ``unix:///path``.
 
     Returns (nodes, tls, db, query, username, password).
     """
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(key, "a URL like valkey://host:6379, valkeys://host:6380 or unix:///path/valkey.sock", url)
+        raise ConfigError(key, "a URL like valkey://host:6379, valkeys://host:6380 or unix:///path/valkey.sock", _redact_url(url))
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()
     query: dict[str, str] = {}
@@ -179,7 +196,7 @@ def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, 
             raise ConfigError(key, "unix:///absolute/path.sock", url)
         return (Node(path=rest),), False, 0, query, None, None
     if scheme not in _SCHEMES_PLAIN | _SCHEMES_TLS:
-        raise ConfigError(key, "scheme valkey://, valkeys://, redis://, rediss:// or unix://", url)
+        raise ConfigError(key, "scheme valkey://, valkeys://, redis://, rediss:// or unix://", _redact_url(url))
     username = password = None
     if "@" in rest:
         cred, rest = rest.rsplit("@", 1)
@@ -200,14 +217,16 @@ def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, 
             continue
         split = urlsplit("//" + part)
         try:
-            port = split.port or 6379
+            port = 6379 if split.port is None else split.port
         except ValueError:
             raise ConfigError(key, "host:port with a port in 1..65535", part) from None
+        if not 0 < port < 65536:
+            raise ConfigError(key, "host:port with a port in 1..65535", part)
         if not split.hostname:
             raise ConfigError(key, "host:port", part)
         nodes.append(Node(split.hostname, port))
     if not nodes:
-        raise ConfigError(key, "at least one host:port", url)
+        raise ConfigError(key, "at least one host:port", _redact_url(url))
     return tuple(nodes), scheme in _SCHEMES_TLS, db, query, username, password
 
 
@@ -223,7 +242,7 @@ def _read_password_file(key: str, path: str) -> str:
 _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "cluster": ("cluster", lambda k, v: _as_choice(k, v, ("auto", "yes", "no"))),
     "username": ("username", _as_str),
-    "password": ("password", _as_str),
+    "password": ("password", lambda k, v: _as_secret(k, v)),
     "tenant": ("tenant", lambda k, v: _check_tenant(k, _as_str(k, v))),
     "namespace": ("namespace", lambda k, v: _check_tenant(k, _as_str(k, v))),
     "connect_timeout_s": ("connect_timeout_s", _as_float),
@@ -299,6 +318,10 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
     if any(n.path for n in values.get("nodes", ())) and values.get("cluster") == "yes":
         raise ConfigError("cluster", "'no' or 'auto' with a unix:// url", "yes")
     s = Settings(**values)
+    if s.db != 0 and (s.cluster == "yes" or len(s.nodes) > 1):
+        raise ConfigError("url", "database 0 with Valkey Cluster (clusters have one database)", s.db)
+    if s.max_chunk_bytes > (512 << 20) - 4096:
+        raise ConfigError("max_chunk_bytes", "at most 512MiB minus the header (Valkey's default proto-max-bulk-len)", s.max_chunk_bytes)
     if s.lookup_timeout_s > s.op_timeout_s:
         raise ConfigError("lookup_timeout_s", f"at most op_timeout_s ({s.op_timeout_s})", s.lookup_timeout_s)
     return s

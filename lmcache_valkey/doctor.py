@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from .config import Settings
-from .errors import AuthError, ConnectionLost, DeadlineExceeded, LmcacheValkeyError, ServerError
+from .errors import AuthError, LmcacheValkeyError, ServerError, TransportError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -77,7 +77,7 @@ class Doctor:
             self.add("auth", FAIL, f"{where} refused {who}: {e}",
                      "check username/password (or password_file / LMCACHE_VALKEY_PASSWORD) and the server's ACL users")
             return False
-        except (ConnectionLost, DeadlineExceeded, OSError) as e:
+        except (TransportError, OSError) as e:
             await client.close()
             cause = e.__cause__ or e
             if isinstance(cause, ssl.SSLError) or "SSL" in str(e) or "certificate" in str(e).lower():

@@ -38,7 +38,6 @@ async def _bench(settings: Settings, chunk_bytes: int, chunks: int, rounds: int,
             got = await store.get_many_into(list(zip(refs, dst)))
             get_s.append(time.perf_counter() - t)
             progress(f"round {r + 1}/{rounds}: put {sum(ok)}/{chunks}, hit {sum(g is not None for g in got)}/{chunks}")
-        await store.delete([ref.chunk_id for ref in refs])
         total = chunk_bytes * chunks
         return {
             "transport": store.transport_name,
@@ -49,10 +48,21 @@ async def _bench(settings: Settings, chunk_bytes: int, chunks: int, rounds: int,
             "hits": sum(g is not None for g in got),
         }
     finally:
-        await store.close()
+        try:
+            await store.delete([f"qb{i}" for i in range(chunks)])
+        finally:
+            await store.close()
 
 
 def run_quickbench(settings: Settings, args: Any) -> int:
+    from .errors import ConfigError
+
+    if not 0 < args.chunks <= 100_000:
+        raise ConfigError("--chunks", "an integer in 1..100000", args.chunks)
+    if not 64 <= args.chunk_bytes <= settings.max_chunk_bytes:
+        raise ConfigError("--chunk-bytes", f"64..{settings.max_chunk_bytes} (max_chunk_bytes)", args.chunk_bytes)
+    if not 0 < args.rounds <= 100:
+        raise ConfigError("--rounds", "an integer in 1..100", args.rounds)
     quiet = args.json
     progress = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     res = asyncio.run(_bench(settings, args.chunk_bytes, args.chunks, args.rounds, progress))

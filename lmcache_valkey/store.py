@@ -126,7 +126,7 @@ class ChunkStore:
             keys += [self.namespace.marker_key(c) for c in chunk_ids]
         timeout = self.settings.lookup_timeout_s
         try:
-            found = await asyncio.wait_for(self.transport.exists_many(keys, timeout=timeout), timeout)
+            found = await asyncio.wait_for(self.transport.exists_many(keys, timeout=timeout), timeout + _GRACE_S)
         except (TransportError, asyncio.TimeoutError) as e:
             cause = _cause(e)
             metrics.record_error("lookup", cause)
@@ -191,7 +191,7 @@ class ChunkStore:
             return [None] * len(items)
         reqs = [(k, [memoryview(h), d]) for k, h, (_, d) in zip(keys, headers, items)]
         try:
-            raw = await asyncio.wait_for(self.transport.get_many_into(reqs, timeout=remaining), remaining)
+            raw = await asyncio.wait_for(self.transport.get_many_into(reqs, timeout=remaining), remaining + _GRACE_S)
         except (TransportError, asyncio.TimeoutError) as e:
             cause = _cause(e)
             log.warning("get of %d chunks failed (%s): misses", len(items), e)
@@ -228,9 +228,16 @@ class ChunkStore:
         return out
 
     def _reject(self, key: bytes, tier: str, e: CorruptChunk) -> None:
-        """A stored value is unusable: count the miss and delete the bad copy."""
-        log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
+        """A stored value is unusable: count the miss and delete the bad copy.
+
+        A value in another format version is left alone: during a rolling upgrade the
+        other version's workers still read it.
+        """
         metrics.record_miss(tier, e.reason)
+        if e.reason == "format":
+            log.info("chunk %s has another format version (%s): a miss, left in place", key.decode(), e)
+            return
+        log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
         self._spawn(self._delete_bad(key))
 
     async def _promote(self, refs: Sequence[ChunkRef], deadline: float) -> list[bool]:
@@ -271,17 +278,25 @@ class ChunkStore:
                 continue
             slots.append(i)
         crcs = await _payload_crcs([items[i][2] for i in slots])
+        sent: list[int] = []
         for i, crc in zip(slots, crcs):
             ref, meta, payload = items[i]
-            header = codec.encode_header(
-                meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string), payload_crc=crc
-            )
+            try:
+                header = codec.encode_header(
+                    meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string), payload_crc=crc
+                )
+            except ValueError as e:  # metadata too large for the header: this chunk only
+                log.warning("chunk %s not stored: %s", ref.chunk_id, e)
+                metrics.record_error("put", "format")
+                continue
             reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
+            sent.append(i)
+        slots = sent
         if reqs:
             timeout = self.settings.op_timeout_s
             try:
                 errs = await asyncio.wait_for(
-                    self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout
+                    self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout + _GRACE_S
                 )
             except (TransportError, asyncio.TimeoutError) as e:
                 log.warning("put of %d chunks failed: %s", len(reqs), e)
@@ -339,6 +354,10 @@ class ChunkStore:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+
+# Transports honour their own deadline and report per-item results; our outer guard
+# fires only if one does not, a little later, so finished items are not thrown away.
+_GRACE_S = 0.25
 
 _ABSENT = object()  # the server said "no such key": a plain miss, maybe a lower-tier hit
 

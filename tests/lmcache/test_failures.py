@@ -98,9 +98,25 @@ def test_server_killed_mid_batch_gives_misses_then_recovers(valkey_server, make_
         pytest.fail("no recovery after the server restarted")
 
 
-@pytest.mark.parametrize("damage", ["flip_payload_bit", "truncate", "foreign_key", "garbage", "oversized"])
-def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack, damage):
+def miss_count(cause: str) -> float:
+    prefix = f'lmcache_valkey_misses_total{{cause="{cause}",tier="ram"}} '
+    for line in metrics.render_latest().decode().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return 0.0
+
+
+@pytest.mark.parametrize(
+    "damage,cause",
+    [("flip_payload_bit", "crc"), ("truncate", "truncated"), ("append", "truncated"),
+     ("foreign_key", "foreign"), ("garbage", "foreign"), ("oversized", "oversized")],
+)
+def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack, damage, cause):
+    from lmcache_valkey import codec
+    from lmcache_valkey.keys import key_digest
+
     stack = make_stack({"url": valkey_server.url})
+    assert stack.connector is not None
     store(stack, [1, 2])
     k1, k2 = data_key(stack, SMALL.key(1)), data_key(stack, SMALL.key(2))
     value = valkey_server.cmd("GET", k1)
@@ -108,16 +124,22 @@ def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack
         valkey_server.cmd("SETRANGE", k1, len(value) - 10, bytes([value[-10] ^ 1]))
     elif damage == "truncate":
         valkey_server.cmd("SET", k1, value[: len(value) // 2])
+    elif damage == "append":
+        valkey_server.cmd("APPEND", k1, b"x" * 4096)
     elif damage == "foreign_key":
         valkey_server.cmd("SET", k1, valkey_server.cmd("GET", k2))  # right namespace, wrong key
     elif damage == "garbage":
         valkey_server.cmd("SET", k1, os.urandom(len(value)))
-    else:
-        valkey_server.cmd("APPEND", k1, b"x" * 4096)
-    before = metrics.render_latest()
+    else:  # a well-formed chunk under the right key, larger than a full chunk of this layout
+        ns = stack.connector.namespace
+        big = os.urandom(len(value) * 2)
+        meta = codec.ChunkMeta(((len(big),),), ("uint8",), 1, SMALL.key(1).to_string())
+        header = codec.encode_header(meta, big, ns.digest_bytes, key_digest(SMALL.key(1).to_string()))
+        valkey_server.cmd("SET", k1, bytes(header) + big)
+    before = miss_count(cause)
     got = stack.remote.get_blocking(SMALL.key(1))
     assert got is None
-    assert metrics.render_latest() != before  # the miss was counted
+    assert miss_count(cause) == before + 1, f"the {cause} miss was not counted"
     deadline = time.monotonic() + 5
     while valkey_server.cmd("EXISTS", k1) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -131,12 +153,15 @@ def test_acl_user_cannot_read_another_tenants_chunks(valkey_server, make_stack):
     for user in ("alice", "bob"):
         valkey_server.cmd("ACL", "SETUSER", user, "on", f">{user}-pw", "resetkeys", f"~lmcv:{user}:*", "+@all")
     alice = make_stack({"url": valkey_server.url, "username": "alice", "password": "alice-pw", "tenant": "alice"})
+    assert alice.connector is not None
     store(alice, [1, 2])
     bob_own = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "bob"})
+    assert bob_own.connector is not None
     assert bob_own.remote.batched_contains([SMALL.key(1), SMALL.key(2)]) == 0
     assert bob_own.remote.get_blocking(SMALL.key(1)) is None
     # Bob claims to be tenant alice: the server's ACL refuses, and that is a miss, not a hit.
     bob_as_alice = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "alice"})
+    assert bob_as_alice.connector is not None  # connected fine; the server refuses alice's keys
     assert bob_as_alice.remote.batched_contains([SMALL.key(1)]) == 0
     assert bob_as_alice.remote.get_blocking(SMALL.key(1)) is None
     got = alice.remote.get_blocking(SMALL.key(1))

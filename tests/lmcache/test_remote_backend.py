@@ -120,6 +120,7 @@ def test_another_models_chunks_never_hit(valkey_server, make_stack):
     a = make_stack({"url": valkey_server.url})
     b = make_stack({"url": valkey_server.url, "model_revision": "v2"})  # same model name, other revision
     c = make_stack({"url": valkey_server.url}, layout=Layout(**{**SMALL.__dict__, "dtype": torch.float16}))
+    assert all(s.connector is not None for s in (a, b, c))
     obj = filled(a, 1)
     put_and_wait(a, [a.layout.key(1)], [obj])
     obj.ref_count_down()
@@ -157,11 +158,16 @@ def test_two_processes_share_chunks(valkey_server, make_stack, tmp_path):
     """))
     subprocess.run([sys.executable, str(script)], check=True, timeout=120, capture_output=True)
     reader = make_stack({"url": valkey_server.url})
+    assert reader.connector is not None
+    baseline = allocated_bytes(reader)
     keys = [SMALL.key(50 + i) for i in range(3)]
     assert reader.remote.batched_contains(keys) == 3
     got = reader.remote.batched_get_blocking(keys)
-    want = [payload(filled(reader, 50 + i)) for i in range(3)]
-    assert [payload(g) for g in got] == want
+    expected = [filled(reader, 50 + i) for i in range(3)]
+    assert [payload(g) for g in got] == [payload(e) for e in expected]
+    for o in got + expected:
+        o.ref_count_down()
+    assert allocated_bytes(reader) == baseline
 
 
 def _rss_bytes() -> int:

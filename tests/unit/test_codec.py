@@ -83,3 +83,19 @@ def test_namespaces_differ_by_every_field_and_tenant():
     b = make_namespace("lmcv", "u", base)
     assert b.digest == a.digest and b.data_key("x") != a.data_key("x")
     assert a.data_key(chunk_id("k")).startswith(b"lmcv:t:") and a.tenant_pattern == "~lmcv:t:*"
+
+
+def test_long_keys_and_many_groups_still_fit_the_header():
+    meta = ChunkMeta(shapes=tuple((2, 32, 256, 1024) for _ in range(8)), dtypes=("torch.bfloat16",) * 8, fmt=1,
+                     key="vllm@" + "a-very-long-model-name/" * 20 + "@1@0@abc@bfloat16")
+    header = codec.encode_header(meta, b"x" * 10, NS.digest_bytes, KD)
+    h = codec.decode_header(header)
+    assert h.meta.shapes == meta.shapes and meta.key.startswith(h.meta.key)
+
+
+def test_other_format_version_is_a_format_miss_not_foreign():
+    header = codec.encode_header(META, b"x", NS.digest_bytes, KD)
+    header[4] = 99  # format version
+    with pytest.raises(CorruptChunk) as e:
+        codec.decode_header(header)
+    assert e.value.reason == "format"

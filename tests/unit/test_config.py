@@ -75,3 +75,26 @@ def test_tls_url_and_unix_socket_and_env_secrets(tmp_path):
 def test_url_credentials_are_used_when_no_explicit_ones():
     s = settings_from_url("valkey://alice:p%40ss@h:6379", env={})
     assert (s.username, s.password) == ("alice", "p@ss")
+
+
+def test_errors_never_echo_secrets():
+    with pytest.raises(ConfigError) as e:
+        settings_from_mapping({"url": "valkeyss://alice:hunter2@h:1"})
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        settings_from_mapping({"password": 12345678})
+    assert "12345678" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"url": "valkey://h:0"},
+        {"url": "valkey://a:1,b:2/3"},  # a database number with several (cluster) seeds
+        {"lookup_timeout_s": 1e308},
+        {"max_chunk_bytes": "1GiB"},
+    ],
+)
+def test_values_that_could_only_fail_later_fail_now(raw):
+    with pytest.raises(ConfigError):
+        settings_from_mapping(raw, env={})

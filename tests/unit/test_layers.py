@@ -18,6 +18,7 @@ FENCES = {
 }
 # lmcache_valkey subpackage -> subpackages it must never import
 FORBIDDEN = {
+    "integrations/": ("transport",),  # integrations reach the servers only through the store
     "store.py": ("integrations",),
     "transport/": ("integrations", "store", "tiering"),
     "tiering/": ("integrations", "store", "transport.fabric"),

@@ -44,8 +44,9 @@ def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector, settings
         "shapes": [list(s) for s in conn.meta_shapes],
         "dtypes": [str(d) for d in conn.meta_dtypes],
         "fmt": int(conn.meta_fmt.value),
+        # Not the rank: CacheEngineKey strings already carry it, and LMCache's MLA mode
+        # has every rank read rank 0's chunks (a per-rank namespace would never hit).
         "world_size": metadata.world_size,
-        "worker_id": metadata.worker_id,
         "chunk_size": metadata.chunk_size,
         "serde": getattr(config, "remote_serde", None),
     }

@@ -52,12 +52,34 @@ class LoopThread:
     async def run(
         self, coro: Coroutine[Any, Any, T], on_orphan: Callable[[T], None] | None = None
     ) -> T:
-        """Await ``coro`` (run on the private loop) from another event loop."""
-        fut = self.submit(coro)
+        """Await ``coro`` (run on the private loop) from another event loop.
+
+        If the caller is cancelled, the private task is cancelled too, but its future is
+        left to settle on its own: a result that was already on its way is handed to
+        ``on_orphan`` (to release it) instead of being dropped by a cancelled future.
+        """
+        # Never cancel the cross-thread future itself: a result racing with the cancel
+        # would be dropped by it. Cancel the private task instead, or stop it from starting.
+        state: dict[str, Any] = {"task": None, "cancelled": False}
+
+        async def wrapper() -> T:
+            if state["cancelled"]:
+                coro.close()
+                raise asyncio.CancelledError
+            state["task"] = asyncio.current_task()
+            return await coro
+
+        def cancel_private() -> None:
+            state["cancelled"] = True
+            task = state["task"]
+            if task is not None and not task.done():
+                task.cancel()
+
+        fut = asyncio.run_coroutine_threadsafe(wrapper(), self.loop)
         try:
-            return await asyncio.wrap_future(fut)
+            return await asyncio.shield(asyncio.wrap_future(fut))
         except asyncio.CancelledError:
-            fut.cancel()
+            self.loop.call_soon_threadsafe(cancel_private)
             if on_orphan is not None:
                 fut.add_done_callback(lambda f: _hand_orphan(f, on_orphan))
             raise

@@ -96,7 +96,10 @@ def find_libfabric() -> Libfabric:
 
 
 def _source() -> str:
-    return (Path(__file__).with_name("_shim.c")).read_text()
+    path = Path(__file__).with_name("_shim.c")
+    if not path.is_file():  # a wheel built without package data
+        raise BuildError(f"{path} is missing from this install: reinstall lmcache-valkey with its package data")
+    return path.read_text()
 
 
 def _cache_dir() -> Path:
