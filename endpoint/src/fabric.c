@@ -21,6 +21,13 @@
 
 #define MAX_PEER_REMOVALS 1024
 
+struct peer {
+    unsigned char addr[256];
+    size_t len;
+    uint64_t fi_addr;
+    unsigned refs;
+};
+
 /* One posted fi_read/fi_write. fi_context2 first: providers needing FI_CONTEXT(2) use it. */
 typedef struct op_ctx {
     struct fi_context2 fctx;
@@ -57,6 +64,11 @@ struct lmcv_fabric {
     lmcv_xfer *active;                  /* owned by the thread */
     uint64_t removals[MAX_PEER_REMOVALS];
     int nremovals;
+    /* Distinct peer addresses and how many sessions use each (under lock). Several
+     * connections of one client share its fabric address: it is inserted once and
+     * removed when its last session ends (shm crashes on a removed, still-used peer). */
+    struct peer *peers;
+    size_t npeers, cappeers;
 
     lmcv_fabric_stats stats; /* updated with __atomic builtins */
 };
@@ -221,19 +233,27 @@ static uint64_t sweep(lmcv_fabric *f, uint64_t now) {
     return nearest;
 }
 
+static struct peer *peer_by_fi_addr(lmcv_fabric *f, uint64_t a) {
+    for (size_t i = 0; i < f->npeers; i++) if (f->peers[i].fi_addr == a) return &f->peers[i];
+    return NULL;
+}
+
 static void apply_removals(lmcv_fabric *f, uint64_t *rm, int n) {
     for (int i = 0; i < n; i++) {
         int busy = 0;
         for (lmcv_xfer *x = f->active; x; x = x->next) busy |= x->peer == rm[i];
-        if (busy) { /* retry later: an op to this peer may still be in flight */
-            pthread_mutex_lock(&f->lock);
+        pthread_mutex_lock(&f->lock);
+        struct peer *p = peer_by_fi_addr(f, rm[i]);
+        if (busy && p && p->refs == 0) { /* retry later: an op to this peer may be in flight */
             if (f->nremovals < MAX_PEER_REMOVALS) f->removals[f->nremovals++] = rm[i];
-            pthread_mutex_unlock(&f->lock);
-            continue;
+        } else if (p && p->refs == 0) {
+            /* Under the lock: a HELLO re-adding this address waits, then inserts anew. */
+            fi_addr_t a = rm[i];
+            fi_av_remove(f->av, &a, 1, 0);
+            *p = f->peers[--f->npeers];
+            __atomic_store_n(&f->stats.peers, f->npeers, __ATOMIC_RELAXED);
         }
-        fi_addr_t a = rm[i];
-        fi_av_remove(f->av, &a, 1, 0);
-        __atomic_sub_fetch(&f->stats.peers, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&f->lock);
     }
 }
 
@@ -401,6 +421,7 @@ void lmcv_fabric_close(lmcv_fabric *f) {
     fi_close(&f->domain->fid);
     fi_close(&f->fabric->fid);
     fi_freeinfo(f->info);
+    free(f->peers);
     free(f);
 }
 
@@ -408,18 +429,47 @@ const char *lmcv_fabric_name_hex(const lmcv_fabric *f) { return f->name_hex; }
 const char *lmcv_fabric_provider(const lmcv_fabric *f) { return f->provider; }
 
 int lmcv_fabric_add_peer(lmcv_fabric *f, const void *addr, size_t len, uint64_t *peer) {
-    (void)len;
+    if (len == 0 || len > sizeof(((struct peer *)0)->addr)) return -1;
+    int rc = -1;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->npeers; i++) {
+        struct peer *p = &f->peers[i];
+        if (p->len == len && memcmp(p->addr, addr, len) == 0) {
+            p->refs++;
+            *peer = p->fi_addr;
+            rc = 0;
+            goto out;
+        }
+    }
+    if (f->npeers == f->cappeers) {
+        size_t cap = f->cappeers ? 2 * f->cappeers : 16;
+        struct peer *np = realloc(f->peers, cap * sizeof(*np));
+        if (!np) goto out;
+        f->peers = np;
+        f->cappeers = cap;
+    }
     fi_addr_t a = FI_ADDR_NOTAVAIL;
-    if (fi_av_insert(f->av, addr, 1, &a, 0, NULL) != 1 || a == FI_ADDR_NOTAVAIL) return -1;
+    if (fi_av_insert(f->av, addr, 1, &a, 0, NULL) != 1 || a == FI_ADDR_NOTAVAIL) goto out;
+    struct peer *p = &f->peers[f->npeers++];
+    memcpy(p->addr, addr, len);
+    p->len = len;
+    p->fi_addr = a;
+    p->refs = 1;
     *peer = a;
-    __atomic_add_fetch(&f->stats.peers, 1, __ATOMIC_RELAXED);
-    return 0;
+    __atomic_store_n(&f->stats.peers, f->npeers, __ATOMIC_RELAXED);
+    rc = 0;
+out:
+    pthread_mutex_unlock(&f->lock);
+    return rc;
 }
 
 void lmcv_fabric_forget_peer(lmcv_fabric *f, uint64_t peer) {
     pthread_mutex_lock(&f->lock);
-    if (f->nremovals < MAX_PEER_REMOVALS) f->removals[f->nremovals++] = peer;
-    pthread_cond_signal(&f->cond);
+    struct peer *p = peer_by_fi_addr(f, peer);
+    if (p && p->refs && --p->refs == 0 && f->nremovals < MAX_PEER_REMOVALS) {
+        f->removals[f->nremovals++] = peer;
+        pthread_cond_signal(&f->cond);
+    }
     pthread_mutex_unlock(&f->lock);
 }
 

@@ -197,3 +197,31 @@ def test_hello_twice_and_sessions_released_on_disconnect(start_server):
             break
         asyncio.run(asyncio.sleep(0.05))
     assert info["sessions"] == 0 and info["peers"] == 0
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
+def test_sessions_sharing_one_fabric_address_survive_each_other(start_server, provider):
+    """Every pooled connection HELLOs with the same client address; ending one session must
+    not remove the peer the others still use (shm crashed the server before peers were
+    counted)."""
+    srv = start_server(provider)
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, provider=provider, connections=2) as t:
+            arena = bytearray(4 * MiB)
+            t.register_buffer(arena)
+            mv = memoryview(arena)
+            mv[:MiB] = os.urandom(MiB)
+            await t.set_from(b"k", [mv[:MiB]], None, 5)
+            await asyncio.gather(t.get_into(b"k", [mv[MiB : 2 * MiB]], 5), t.get_into(b"k", [mv[2 * MiB : 3 * MiB]], 5))
+            assert srv.info()["sessions"] == 2 and srv.info()["peers"] == 1
+            await t._pool.drop(t._pool._idle.pop())  # end one session
+            for _ in range(100):
+                if srv.info()["sessions"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            for _ in range(3):
+                assert await t.get_into(b"k", [mv[MiB : 2 * MiB]], 5) == MiB
+            assert t.stats["bulk_fallbacks"] == 0 and srv.info()["xfers_failed"] == 0
+
+    asyncio.run(body())
