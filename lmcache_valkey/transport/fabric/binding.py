@@ -16,19 +16,24 @@ from . import _build
 
 _lock = threading.Lock()
 _loaded: tuple[Any, Any] | None = None
+_failed: str | None = None  # remembered: ``transport: auto`` must not recompile per store
 
 
 def load() -> tuple[Any, Any]:
     """Returns ``(ffi, lib)`` of the libfabric binding or raises FabricUnavailable."""
-    global _loaded
+    global _loaded, _failed
     with _lock:
         if _loaded is None:
+            if _failed is not None:
+                raise FabricUnavailable(_failed)
             try:
                 mod = _build.build_and_load()
             except _build.BuildError as exc:
-                raise FabricUnavailable(str(exc)) from exc
+                _failed = str(exc)
+                raise FabricUnavailable(_failed) from exc
             except ImportError as exc:  # cffi itself missing
-                raise FabricUnavailable(f"cffi is not installed ({exc}): pip install cffi") from exc
+                _failed = f"cffi is not installed ({exc}): pip install cffi"
+                raise FabricUnavailable(_failed) from exc
             _loaded = (mod.ffi, mod.lib)
         return _loaded
 
