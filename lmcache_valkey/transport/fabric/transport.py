@@ -249,7 +249,9 @@ class FabricTransport:
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout)
         except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"{args_for(0)[0]} did not finish within {timeout:.3f}s") from None
+            first = args_for(0)[0]
+            what = "pipelined batch" if first is _PIPELINE else first
+            raise DeadlineExceeded(f"{what} did not finish within {timeout:.3f}s") from None
 
     # -- public API -----------------------------------------------------------------------
 
