@@ -330,6 +330,30 @@ class ChunkStore:
                 break
         return out
 
+    def register_memory(self, addr: int, length: int) -> bool:
+        """Register a caller-owned arena with the transport, once (RMA needs it; RESP does not).
+
+        Returns False when the transport needs no registration.
+        """
+        register = getattr(self.transport, "register", None)
+        if register is None:
+            return False
+        register(addr, length)
+        metrics.set_registered_bytes(length)
+        return True
+
+    @property
+    def release_delay_s(self) -> float:
+        """How long a missed get's buffer must stay untouched before reuse.
+
+        RESP aborts a connection before an error leaves it: nothing writes afterwards (0).
+        With RMA the *server* writes; a transfer it started may land until its deadline
+        plus the transport's grace, so the caller keeps the buffer that long.
+        """
+        if self.transport_name != "fabric":
+            return 0.0
+        return self.settings.op_timeout_s + float(getattr(self.transport, "drain_grace_s", 2.0))
+
     async def ping(self) -> bool:
         try:
             await self.transport.ping(timeout=self.settings.lookup_timeout_s)

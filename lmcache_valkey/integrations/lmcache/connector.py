@@ -70,6 +70,8 @@ class ValkeyRemoteConnector(RemoteConnector):
             self.store: ChunkStore = self._io.run_sync(
                 open_store(settings, self.namespace, tiering=tiering), timeout=settings.connect_timeout_s * 3 + 10
             )
+            if self.store.transport_name == "fabric":
+                self._register_arena()
         except BaseException:
             self._io.stop()
             raise
@@ -82,6 +84,22 @@ class ValkeyRemoteConnector(RemoteConnector):
         )
 
     # ------------------------------------------------------------- helpers
+
+    def _register_arena(self) -> None:
+        """Register LMCache's whole CPU arena with libfabric once: every MemoryObj lies in it."""
+        alloc = self.local_cpu_backend.memory_allocator
+        buf = getattr(getattr(alloc, "pin_allocator", alloc), "buffer", None)
+        if buf is None:
+            raise RuntimeError(f"cannot find the CPU arena of {type(alloc).__name__} to register")
+        self.store.register_memory(buf.data_ptr(), buf.numel() * buf.element_size())
+
+    def _release_missed(self, obj: MemoryObj) -> None:
+        """Release a destination that did not become a hit, once nothing can write into it."""
+        delay = self.store.release_delay_s
+        if delay <= 0:
+            obj.ref_count_down()
+        else:  # an RMA write may still land: keep LMCache from reusing the slot until then
+            self._io.loop.call_later(delay, obj.ref_count_down)
 
     @staticmethod
     def _ref(key: CacheEngineKey) -> ChunkRef:
@@ -98,7 +116,7 @@ class ValkeyRemoteConnector(RemoteConnector):
     def _finish(self, obj: MemoryObj, result: Optional[GetResult]) -> Optional[MemoryObj]:
         """Turn a store result into what LMCache expects, releasing on a miss."""
         if result is None:
-            obj.ref_count_down()
+            self._release_missed(obj)
             return None
         if result.nbytes != self.full_chunk_size_bytes:
             try:
@@ -117,10 +135,10 @@ class ValkeyRemoteConnector(RemoteConnector):
         try:
             results = await self.store.get_many_into(items)
         except BaseException:
-            # Cancelled or broken: the transport has already let go of the buffers.
+            # Cancelled or broken: RESP has already let go of the buffers; RMA may not have.
             for o in objs:
                 if o is not None:
-                    o.ref_count_down()
+                    self._release_missed(o)
             raise
         it = iter(results)
         return [None if o is None else self._finish(o, next(it)) for o in objs]

@@ -1,0 +1,62 @@
+"""Through LMCache's storage stack: chunks move by libfabric RMA between the arena and the endpoint."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from conftest_helpers import allocated_bytes, filled, payload, put_and_wait
+from lmcache_valkey.integrations.lmcache.stack import Layout
+from support.servers import ValkeyServer
+
+MODULE_SO = pathlib.Path(__file__).resolve().parents[2] / "endpoint" / "build" / "lmcv_blob.so"
+
+
+@pytest.fixture
+def blob_server():
+    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
+    args = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", "arena_mb", "512"]
+    with ValkeyServer(args=args) as s:
+        yield s
+
+
+@pytest.mark.parametrize("chunk_size,n", [(32, 6), (256, 3)])  # 4 MiB and 32 MiB chunks
+def test_rma_put_and_get_through_lmcache_are_byte_exact(blob_server, make_stack, chunk_size, n):
+    lay = Layout(model="fabric", num_layers=32, num_kv_heads=8, head_dim=128, chunk_size=chunk_size)
+    stack = make_stack({"url": blob_server.url, "transport": "fabric", "fabric_provider": "tcp;ofi_rxm"},
+                       layout=lay, cpu_gb=0.5 if chunk_size == 32 else 0.8)
+    assert stack.connector is not None and stack.connector.store.transport_name == "fabric"
+    baseline = allocated_bytes(stack)
+    keys = [lay.key(i) for i in range(n)]
+    objs = [filled(stack, i) for i in range(n)]
+    want = [payload(o) for o in objs]
+    put_and_wait(stack, keys, objs)
+    for o in objs:
+        o.ref_count_down()
+    assert stack.remote.batched_contains(keys) == n
+    got = stack.remote.batched_get_blocking(keys)
+    assert [payload(g) for g in got] == want
+    one = stack.remote.get_blocking(keys[-1])
+    assert payload(one) == want[-1]
+    for g in got + [one]:
+        g.ref_count_down()
+    assert allocated_bytes(stack) == baseline
+    moved = stack.connector.store.transport.stats
+    assert moved.get("bulk_fallbacks", 0) == 0, moved  # the bytes went by RMA, not the TCP fallback
+
+
+def test_auto_uses_fabric_when_the_endpoint_answers_and_tcp_otherwise(blob_server, valkey_server, make_stack):
+    lay = Layout(model="auto", num_layers=4, num_kv_heads=2, head_dim=64, chunk_size=16)
+    with_module = make_stack({"url": blob_server.url, "transport": "auto"}, layout=lay)
+    plain = make_stack({"url": valkey_server.url, "transport": "auto"}, layout=lay)
+    assert with_module.connector.store.transport_name == "fabric"
+    assert plain.connector.store.transport_name == "resp"
+    for stack in (with_module, plain):
+        obj = filled(stack, 3)
+        want = payload(obj)
+        put_and_wait(stack, [lay.key(3)], [obj])
+        obj.ref_count_down()
+        got = stack.remote.get_blocking(lay.key(3))
+        assert payload(got) == want
+        got.ref_count_down()
