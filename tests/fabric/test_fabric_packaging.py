@@ -50,3 +50,23 @@ def test_close_stops_the_progress_thread(start_server):
 
     asyncio.run(body())
     assert not any(th.name.startswith("fabric-progress") for th in threading.enumerate())
+
+
+def test_public_names_exist_and_the_package_never_imports_lmcache_or_the_store():
+    import ast
+
+    import lmcache_valkey.transport.fabric as fabric
+
+    for name in fabric.__all__:
+        assert hasattr(fabric, name), name
+    pkg = ROOT / "lmcache_valkey" / "transport" / "fabric"
+    for path in pkg.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for n in names:
+                assert not n.startswith(("lmcache.", "torch", "lmcache_valkey.store", "lmcache_valkey.integrations")), (path, n)
+                assert n != "lmcache", path
