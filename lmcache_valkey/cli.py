@@ -124,13 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmcache-valkey", description="A shared, tiered KV-cache store for LMCache on Valkey.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="two workers share a prefix's KV cache through an embedded Valkey")
-    try:
-        from .demo import add_demo_arguments
+    from .demo import add_demo_arguments  # both import only the standard library and this package
+    from .tiering import service
 
-        add_demo_arguments(demo)
-    except ImportError:
-        pass
+    demo = sub.add_parser("demo", help="two workers share a prefix's KV cache through an embedded Valkey")
+    add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
 
     doctor = sub.add_parser("doctor", help="check connectivity, auth/ACL, TLS, server, modules, fabric and S3")
@@ -142,12 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=_cmd_doctor)
 
     tierd = sub.add_parser("tierd", help="run the tiering manager next to Valkey (NVMe and S3 tiers)")
-    try:
-        from .tiering.service import add_tierd_arguments
-
-        add_tierd_arguments(tierd)
-    except ImportError:
-        pass
+    service.add_tierd_arguments(tierd)
     tierd.set_defaults(func=_cmd_tierd)
 
     for name, helptext, func in (
@@ -156,14 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("drain", "wait until tierd's write-behind backlog is flushed", _cmd_drain),
     ):
         p = sub.add_parser(name, help=helptext)
-        try:
-            from .tiering import service
-
-            getattr(service, f"add_{name}_arguments")(p)
-        except (ImportError, AttributeError):
-            pass
-        if not any(a.dest == "json" for a in p._actions):
-            p.add_argument("--json", action="store_true")
+        getattr(service, f"add_{name}_arguments")(p)  # adds --url/--tenant/--json too
         p.set_defaults(func=func)
 
     bench = sub.add_parser("bench", help="quick put/get throughput against a server")

@@ -240,19 +240,10 @@ class _Stack:
         return chunk_keys(self.stack.config, self.stack.metadata, tokens, full_only=True)
 
     def allocate(self) -> Any:
-        obj = self.stack.local_cpu.allocate(
-            self.stack.metadata.get_shapes(), self.stack.metadata.get_dtypes(), self.stack.connector_fmt())
-        if obj is None:
-            raise RuntimeError("LMCache's local CPU arena is full")
-        return obj
+        return self.stack.allocate()
 
     def put_and_wait(self, keys: list[Any], objs: list[Any], timeout: float = 60.0) -> None:
-        done = threading.Semaphore(0)
-        self.remote.batched_submit_put_task(keys, objs, on_complete_callback=lambda _k: done.release())
-        deadline = time.monotonic() + timeout
-        for _ in keys:
-            if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"puts did not complete within {timeout:.0f} s")
+        self.stack.put_and_wait(keys, objs, timeout)
 
     def close(self) -> None:
         self.stack.close()

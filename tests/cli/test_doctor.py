@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 
 from support.servers import ValkeyServer, free_port, make_tls_files
 

@@ -3,4 +3,4 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest_helpers import make_stack  # noqa: E402,F401  (fixture)
+from conftest_helpers import make_stack  # noqa: E402,F401  (a fixture, found by pytest through this import)

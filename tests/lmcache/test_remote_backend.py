@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import random
 
-import pytest
 import torch
 
 from conftest_helpers import SMALL, allocated_bytes, filled, payload, put_and_wait

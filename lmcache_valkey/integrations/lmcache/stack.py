@@ -78,7 +78,8 @@ class Stack:
         obj = self.local_cpu.allocate(
             self.metadata.get_shapes(), self.metadata.get_dtypes(), self.connector_fmt()
         )
-        assert obj is not None, "LMCache's CPU arena is full"
+        if obj is None:
+            raise RuntimeError("LMCache's local CPU arena is full")
         if fill is not None:
             obj.tensor.view(torch.uint8).fill_(fill % 256)
         return obj
