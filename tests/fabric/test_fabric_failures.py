@@ -71,7 +71,8 @@ def test_cancelled_caller_leaves_buffers_held_until_the_server_replies(start_ser
             mv = memoryview(arena)
             mv[:SIZE] = os.urandom(SIZE)
             await t.set_from(b"big", [mv[:SIZE]], None, OP_TIMEOUT)
-            task = asyncio.create_task(t.get_into(b"big", [mv[SIZE:]], OP_TIMEOUT))
+            released = asyncio.Event()
+            task = asyncio.create_task(t.get_into(b"big", [mv[SIZE:]], OP_TIMEOUT, on_release=released.set))
             await asyncio.sleep(0)  # the command is on its way
             task.cancel()
             try:
@@ -79,10 +80,10 @@ def test_cancelled_caller_leaves_buffers_held_until_the_server_replies(start_ser
             except asyncio.CancelledError:
                 pass
             # The transfer goes on in the background with the buffer still referenced ...
-            assert t.pending_ops == 1
-            while t.pending_ops:
-                await asyncio.sleep(0.01)
-            # ... and it completed into the buffer.
+            assert t.pending_ops == 1 and not released.is_set()
+            await asyncio.wait_for(released.wait(), OP_TIMEOUT + 5)
+            assert t.pending_ops == 0
+            # ... and it completed into the buffer before the buffer was released.
             assert mv[:SIZE] == mv[SIZE:]
 
     asyncio.run(body())

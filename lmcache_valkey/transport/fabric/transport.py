@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from lmcache_valkey.errors import (
@@ -255,33 +255,40 @@ class FabricTransport:
 
     # -- public API -----------------------------------------------------------------------
 
-    async def get_into(self, key: bytes, bufs: list[memoryview], timeout: float, *, allow_partial: bool = True) -> int | None:
+    async def get_into(self, key: bytes, bufs: list[memoryview], timeout: float, *, allow_partial: bool = True,
+                       on_release: Callable[[], None] | None = None) -> int | None:
         """Scatter-reads the value of ``key`` into ``bufs`` in order. Returns the stored
         value's full length, or None when the key is absent; bytes beyond the buffers'
         capacity are dropped (``allow_partial=False`` raises WindowTooSmall instead).
         A fabric failure (or no free scratch slot) falls back to the bulk path within the
-        same deadline."""
-        if self.data_path == "bulk":
-            return await self._get_bulk(key, bufs, timeout)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        same deadline. ``on_release()`` runs once no transfer can touch ``bufs`` any more
+        (right away after a reply; later if the caller was cancelled or timed out; never
+        if they were quarantined): the moment to hand a MemoryObj back to its allocator."""
+        rel = _Release(on_release)
         try:
+            if self.data_path == "bulk":
+                return await self._get_bulk(key, bufs, timeout)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
             try:
-                return await self._get_rma(key, bufs, timeout, partial=False)
-            except WindowTooSmall:
-                if not allow_partial:
-                    raise
-                # Our endpoint's PARTIAL extension: fill the window, report the full length.
-                self._stats["partial_retries"] += 1
-                return await self._get_rma(key, bufs, deadline - loop.time(), partial=True)
-        except _NoSlot:
-            return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
-        except (TransferFailed, NoFabricSession) as exc:
-            if self._bulk_fallback and deadline - loop.time() > 0:
-                return await self._fallback_get(key, bufs, deadline, str(exc))
-            raise
+                try:
+                    return await self._get_rma(key, bufs, timeout, rel, partial=False)
+                except WindowTooSmall:
+                    if not allow_partial:
+                        raise
+                    # Our endpoint's PARTIAL extension: fill the window, report the full length.
+                    self._stats["partial_retries"] += 1
+                    return await self._get_rma(key, bufs, deadline - loop.time(), rel, partial=True)
+            except _NoSlot:
+                return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
+            except (TransferFailed, NoFabricSession) as exc:
+                if self._bulk_fallback and deadline - loop.time() > 0:
+                    return await self._fallback_get(key, bufs, deadline, str(exc))
+                raise
+        finally:
+            rel.drop()
 
-    async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, *, partial: bool) -> int | None:
+    async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, rel: "_Release", *, partial: bool) -> int | None:
         plan = self._plan(bufs, writable=True)
         if not plan.triples:
             info = await self.info(key, timeout)
@@ -294,9 +301,14 @@ class FabricTransport:
                     user[:] = staged
             return reply
 
+        def over() -> None:
+            self._give_slots(plan)
+            rel.drop()
+
+        rel.hold()
         try:
             reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial), plan.keep, timeout,
-                                     after=copy_out, over=lambda: self._give_slots(plan))
+                                     after=copy_out, over=over)
         except BaseException:
             wanted[0] = False
             raise
@@ -308,9 +320,19 @@ class FabricTransport:
             self._check_crc(plan.keep, obj_len, crc, key)
         return obj_len
 
-    async def set_from(self, key: bytes, parts: list[memoryview], ttl_s: float | None, timeout: float) -> None:
+    async def set_from(self, key: bytes, parts: list[memoryview], ttl_s: float | None, timeout: float, *,
+                       on_release: Callable[[], None] | None = None) -> None:
         """Stores the concatenation of ``parts`` under ``key`` (server reads them by RMA).
-        A fabric failure falls back to the bulk path within the same deadline."""
+        A fabric failure falls back to the bulk path within the same deadline.
+        ``on_release()``: as for ``get_into`` (the server may read ``parts`` until then)."""
+        rel = _Release(on_release)
+        try:
+            await self._set_from(key, parts, ttl_s, timeout, rel)
+        finally:
+            rel.drop()
+
+    async def _set_from(self, key: bytes, parts: Sequence[Any], ttl_s: float | None, timeout: float,
+                        rel: "_Release") -> None:
         ttl_ms = max(1, math.ceil(ttl_s * 1000)) if ttl_s else None
         if self.data_path == "bulk":
             return await self._set_bulk(key, parts, ttl_ms, timeout)
@@ -327,8 +349,13 @@ class FabricTransport:
                 self._give_slots(plan)
                 reply = await self._call(lambda ms: commands.set_bulk(key, b"", ttl_ms), None, timeout)
             else:
+                def over() -> None:
+                    self._give_slots(plan)
+                    rel.drop()
+
+                rel.hold()
                 reply = await self._call(lambda ms: commands.set_rma(key, total, plan.triples, ttl_ms, ms), plan.keep,
-                                         timeout, over=lambda: self._give_slots(plan))
+                                         timeout, over=over)
         except (TransferFailed, NoFabricSession) as exc:
             left = deadline - loop.time()
             if not (self._bulk_fallback and left > 0):
@@ -461,6 +488,29 @@ class FabricTransport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _Release:
+    """Calls ``cb`` once every holder let go: the public call itself (one hold) plus each
+    transfer attempt, whose hold ends with the transport's ``over`` hook."""
+
+    __slots__ = ("_cb", "_n")
+
+    def __init__(self, cb: Callable[[], None] | None) -> None:
+        self._cb = cb
+        self._n = 1
+
+    def hold(self) -> None:
+        self._n += 1
+
+    def drop(self) -> None:
+        self._n -= 1
+        if self._n == 0 and self._cb is not None:
+            cb, self._cb = self._cb, None
+            try:
+                cb()
+            except Exception:
+                log.exception("on_release callback failed")
 
 
 class _NoSlot(Exception):
