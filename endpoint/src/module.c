@@ -36,6 +36,9 @@ static struct {
     unsigned long long arena_mb, chunk_kb;
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
+    /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
+     * for the main thread to run the reply callback (both summed, in microseconds). */
+    unsigned long long fabric_usec, unblock_usec;
 } G = {.default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
        .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
@@ -197,7 +200,7 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
 
 typedef struct {
     int op, status;
-    uint64_t inflight, obj_len, timeout_ms;
+    uint64_t inflight, obj_len, timeout_ms, finished_ns;
     uint32_t crc;
     long long px_ms;
     blob *obj; /* SET success: the reference the keyspace takes over */
@@ -206,6 +209,7 @@ typedef struct {
 
 typedef struct {
     lmcv_xfer x;
+    uint64_t submitted_ns;
     RMBlockedClient *bc;
     blob *obj; /* the transfer's own reference */
     uint64_t obj_len, timeout_ms;
@@ -222,6 +226,8 @@ static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
     r->obj_len = p->obj_len;
     r->timeout_ms = p->timeout_ms;
     r->px_ms = p->px_ms;
+    r->finished_ns = lmcv_now_ns();
+    __atomic_add_fetch(&G.fabric_usec, (r->finished_ns - p->submitted_ns) / 1000, __ATOMIC_RELAXED);
     memcpy(r->errmsg, x->errmsg, sizeof(r->errmsg));
     if (status == LMCV_XFER_OK && x->op == LMCV_XFER_READ) {
         /* CRC folded in on the fabric thread as chunks landed (fabric.c): the main
@@ -243,6 +249,7 @@ static void xfer_release(lmcv_xfer *x) {
 static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     (void)argc;
     xfer_result *r = RM_GetBlockedClientPrivateData(ctx);
+    G.unblock_usec += (lmcv_now_ns() - r->finished_ns) / 1000;
     if (r->status == LMCV_XFER_TIMEDOUT)
         return reply_fmt(ctx, LMCV_ERR_TIMEOUT, r->timeout_ms, r->inflight);
     if (r->status == LMCV_XFER_SHUTDOWN) return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
@@ -287,7 +294,8 @@ static int start_xfer(RMCtx *ctx, int op, session *s, blob *obj, uint64_t len, r
     p->x.len = len;
     memcpy(p->x.segs, a->segs, sizeof(a->segs));
     p->x.nsegs = a->nsegs;
-    p->x.deadline_ns = lmcv_now_ns() + (uint64_t)a->timeout_ms * 1000000ull;
+    p->submitted_ns = lmcv_now_ns();
+    p->x.deadline_ns = p->submitted_ns + (uint64_t)a->timeout_ms * 1000000ull;
     p->x.want_crc = op == LMCV_XFER_READ;
     p->x.finished = xfer_finished;
     p->x.release = xfer_release;
@@ -441,6 +449,8 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "bytes_from_peers", st.bytes_from_peers);
     RM_InfoAddFieldULongLong(ctx, "ops_posted", st.ops_posted);
     RM_InfoAddFieldULongLong(ctx, "op_errors", st.op_errors);
+    RM_InfoAddFieldULongLong(ctx, "fabric_usec", __atomic_load_n(&G.fabric_usec, __ATOMIC_RELAXED));
+    RM_InfoAddFieldULongLong(ctx, "unblock_usec", G.unblock_usec);
 }
 
 /* ---- load ---------------------------------------------------------------------------- */
