@@ -12,10 +12,12 @@ Contract, for every operation:
 * a miss is ``None`` (or a shorter prefix), never an exception; corrupt,
   truncated, foreign or oversized values are counted misses and the bad copy is
   deleted;
-* buffer ownership: the caller owns ``dest``; when ``get_into`` returns, raises
-  or is cancelled, the transport can no longer write into it (the transports
-  abort a connection that was cancelled mid-reply before the exception leaves
-  them).
+* buffer ownership: the caller owns ``dest``. With RESP, when ``get_into``
+  returns, raises or is cancelled, nothing can write into it any more (the
+  transport aborts a connection cancelled mid-reply before the exception leaves
+  it). With RMA the *server* writes: after a miss, keep ``dest`` untouched for
+  :attr:`ChunkStore.release_delay_s` (the server's deadline plus the transport's
+  grace) before reusing it.
 """
 
 from __future__ import annotations
