@@ -266,13 +266,27 @@ class ChunkStore:
         return (await self.put_many([(ref, meta, payload)]))[0]
 
     async def put_many(self, items: Sequence[tuple[ChunkRef, ChunkMeta, memoryview]]) -> list[bool]:
-        """Store chunks (header + payload, the payload sent from the caller's buffer). True = stored."""
+        """Store chunks (header + payload, the payload sent from the caller's buffer). True = stored.
+
+        Large payloads are pipelined one by one: chunk i is on the wire while chunk i+1's
+        CRC is computed, instead of checksumming the whole batch before sending any of it.
+        Small ones go as one batch, so the transport can pipeline them on a connection.
+        """
         if not items:
             return []
         started = time.perf_counter()
+        deadline = started + self.settings.op_timeout_s
+        if all(p.nbytes < _CRC_THREAD_MIN for _, _, p in items):
+            ok = await self._put_batch(items, deadline)
+        else:
+            ok = list(await asyncio.gather(*(self._put_batch([item], deadline) for item in items)))
+            ok = [o[0] for o in ok]
+        metrics.observe_latency("put", "ram", self.transport_name, time.perf_counter() - started)
+        return ok
+
+    async def _put_batch(self, items: Sequence[tuple[ChunkRef, ChunkMeta, memoryview]], deadline: float) -> list[bool]:
         ok = [False] * len(items)
-        reqs: list[tuple[bytes, Sequence[Buffer]]] = []
-        slots: list[int] = []
+        slots = []
         for i, (ref, _, payload) in enumerate(items):
             if payload.nbytes > self.settings.max_chunk_bytes:
                 log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, payload.nbytes)
@@ -280,6 +294,7 @@ class ChunkStore:
                 continue
             slots.append(i)
         crcs = await _payload_crcs([items[i][2] for i in slots])
+        reqs: list[tuple[bytes, Sequence[Buffer]]] = []
         sent: list[int] = []
         for i, crc in zip(slots, crcs):
             ref, meta, payload = items[i]
@@ -293,26 +308,27 @@ class ChunkStore:
                 continue
             reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
             sent.append(i)
-        slots = sent
-        if reqs:
-            timeout = self.settings.op_timeout_s
-            try:
-                errs = await asyncio.wait_for(
-                    self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout + _GRACE_S
-                )
-            except (TransportError, asyncio.TimeoutError) as e:
-                log.warning("put of %d chunks failed: %s", len(reqs), e)
-                errs = [e] * len(reqs)
-            for slot, (key, parts), err in zip(slots, reqs, errs):
-                nbytes = memoryview(parts[1]).nbytes
-                if err is None:
-                    ok[slot] = True
-                    if self.tiers is not None:
-                        self._spawn(self.tiers.note_put(key, nbytes))
-                else:
-                    metrics.record_error("put", _cause(err))
-                metrics.record_put("ram", self.transport_name, nbytes, err is None)
-        metrics.observe_latency("put", "ram", self.transport_name, time.perf_counter() - started)
+        if not reqs:
+            return ok
+        timeout = deadline - time.perf_counter()
+        try:
+            if timeout <= 0:
+                raise DeadlineExceeded("put deadline passed before sending")
+            errs = await asyncio.wait_for(
+                self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout + _GRACE_S
+            )
+        except (TransportError, asyncio.TimeoutError) as e:
+            log.warning("put of %d chunks failed: %s", len(reqs), e)
+            errs = [e] * len(reqs)
+        for slot, (key, parts), err in zip(sent, reqs, errs):
+            nbytes = memoryview(parts[1]).nbytes
+            if err is None:
+                ok[slot] = True
+                if self.tiers is not None:
+                    self._spawn(self.tiers.note_put(key, nbytes))
+            else:
+                metrics.record_error("put", _cause(err))
+            metrics.record_put("ram", self.transport_name, nbytes, err is None)
         return ok
 
     # ------------------------------------------------------------ delete, list
