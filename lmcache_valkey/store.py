@@ -293,7 +293,7 @@ class ChunkStore:
                 metrics.record_error("put", "oversized")
                 continue
             slots.append(i)
-        crcs = await _payload_crcs([items[i][2] for i in slots])
+        crcs = await _payload_crcs([items[i][2] for i in slots], overlap=True)  # other chunks are sending
         reqs: list[tuple[bytes, Sequence[Buffer]]] = []
         sent: list[int] = []
         for i, crc in zip(slots, crcs):
@@ -410,9 +410,12 @@ _CRC_THREAD_MIN = 256 << 10
 _crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-async def _payload_crcs(views: Sequence[memoryview]) -> list[int]:
+async def _payload_crcs(views: Sequence[memoryview], *, overlap: bool = False) -> list[int]:
+    """CRC32C of each view. Large ones go to worker threads when there is something to
+    overlap them with: other checks in the batch, or (``overlap``) other I/O in flight."""
     global _crc_pool
-    if not any(v.nbytes >= _CRC_THREAD_MIN for v in views):
+    large = sum(v.nbytes >= _CRC_THREAD_MIN for v in views)
+    if large == 0 or (large == 1 and not overlap):  # nothing to overlap: skip the thread hop
         return [codec.crc32c(v) for v in views]
     if _crc_pool is None:
         _crc_pool = concurrent.futures.ThreadPoolExecutor(
