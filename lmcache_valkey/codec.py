@@ -46,6 +46,23 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return _crc32c.crc32c(data, value)
 
 
+class PayloadSink(list):
+    """Scatter buffers for one value: ``[header scratch, payload destination, ...]``.
+
+    A transport that can, sets ``crc`` to the CRC32C of the bytes it wrote into the
+    buffers from index ``crc_from`` on, computed as they arrive (while they are still in
+    cache), which saves the store a second pass over the payload. ``None`` means the
+    transport did not compute it.
+    """
+
+    __slots__ = ("crc_from", "crc")
+
+    def __init__(self, bufs: "list[memoryview]", crc_from: int = 1) -> None:
+        super().__init__(bufs)
+        self.crc_from = crc_from
+        self.crc: int | None = None
+
+
 @dataclass(frozen=True)
 class ChunkMeta:
     """What a reader needs to allocate and interpret a chunk."""

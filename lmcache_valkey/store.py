@@ -191,7 +191,8 @@ class ChunkStore:
             for _ in items:
                 metrics.record_miss(tier, "deadline")
             return [None] * len(items)
-        reqs = [(k, [memoryview(h), d]) for k, h, (_, d) in zip(keys, headers, items)]
+        sinks = [codec.PayloadSink([memoryview(h), d]) for h, (_, d) in zip(headers, items)]
+        reqs = list(zip(keys, sinks))
         try:
             raw = await asyncio.wait_for(self.transport.get_many_into(reqs, timeout=remaining), remaining + _GRACE_S)
         except (TransportError, asyncio.TimeoutError) as e:
@@ -202,6 +203,7 @@ class ChunkStore:
             return [None] * len(items)
         out: list[GetResult | None | object] = [None] * len(items)
         verified: list[tuple[int, bytes, codec.Header, memoryview]] = []
+        known_crc: dict[int, int] = {}  # checksums the transport computed while receiving
         for i, (key, header, (ref, dest), value_len) in enumerate(zip(keys, headers, items, raw)):
             if value_len is None:
                 out[i] = _ABSENT
@@ -218,8 +220,12 @@ class ChunkStore:
                 self._reject(key, tier, e)
                 continue
             verified.append((i, key, h, dest))
-        crcs = await _payload_crcs([dest[: h.payload_len] for _, _, h, dest in verified])
-        for (i, key, h, _), crc in zip(verified, crcs):
+            if sinks[i].crc is not None:
+                known_crc[i] = sinks[i].crc
+        todo = [(i, dest[: h.payload_len]) for i, _, h, dest in verified if i not in known_crc]
+        known_crc.update(zip((i for i, _ in todo), await _payload_crcs([v for _, v in todo])))
+        for i, key, h, _ in verified:
+            crc = known_crc[i]
             if crc != h.payload_crc:
                 self._reject(key, tier, CorruptChunk("crc", "payload checksum mismatch"))
                 continue

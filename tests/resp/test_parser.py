@@ -230,3 +230,29 @@ def test_random_replies_random_splits_with_sinks(seed: int) -> None:
             k = min(len(value), len(joined))
             assert joined[:k] == value[:k] and joined[k:] == b"\xee" * (len(joined) - k)
     assert p.idle
+
+
+def test_payload_sink_gets_the_payload_checksum_in_any_chunking():
+    """A PayloadSink's crc covers exactly the bytes written from ``crc_from`` on, however they arrive."""
+    import random
+
+    from lmcache_valkey.codec import PayloadSink, crc32c
+    from lmcache_valkey.transport.resp.parser import ReplyParser as Parser
+
+    rng = random.Random(3)
+    value = bytes(rng.randrange(256) for _ in range(5000))
+    wire = b"$%d\r\n%s\r\n" % (len(value), value)
+    for _ in range(30):
+        replies = []
+        p = Parser(replies.append)
+        head, body = bytearray(512), bytearray(6000)
+        sink = PayloadSink([memoryview(head), memoryview(body)])
+        p.push_sink(sink)
+        i = 0
+        while i < len(wire):
+            n = rng.randint(1, 700)
+            p.feed(wire[i:i + n])
+            i += n
+        assert replies == [len(value)]
+        assert bytes(head) == value[:512] and bytes(body[:4488]) == value[512:]
+        assert sink.crc == crc32c(value[512:])

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Sequence
 
+from ...codec import PayloadSink
 from ...config import Node, Settings
 from ...errors import (
     AuthError,
@@ -68,6 +69,9 @@ def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | N
 def _sink(bufs: Any) -> list[memoryview]:
     if isinstance(bufs, (memoryview, bytearray)):  # one buffer given bare
         return [as_byte_view(bufs, writable=True)]
+    if isinstance(bufs, PayloadSink):  # keep the caller's object: the parser fills in its crc
+        bufs[:] = [as_byte_view(b, writable=True) for b in bufs]
+        return bufs
     return [as_byte_view(b, writable=True) for b in bufs]
 
 

@@ -30,6 +30,7 @@ from collections import deque
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
+from ...codec import crc32c
 from ...errors import ProtocolError, server_error
 
 __all__ = ["ReplyParser", "encode_command", "encode_args", "as_byte_view", "Sink"]
@@ -100,7 +101,7 @@ class ReplyParser:
     __slots__ = (
         "_on_reply", "_buf", "_mv", "_start", "_end", "_mode", "_sinks", "_sink",
         "_tgt", "_ti", "_cur", "_off", "_left", "_drop", "_total", "_bulk_obj",
-        "_await_crlf", "_stack", "_dead",
+        "_await_crlf", "_stack", "_dead", "_crc_from",
     )
 
     def __init__(self, on_reply: Callable[[Any], None]) -> None:
@@ -123,6 +124,8 @@ class ReplyParser:
         self._await_crlf = False  # a bulk payload is done; its CRLF is next
         self._stack: list[list[Any]] = []  # [remaining, items] per open array
         self._dead = False
+        # For a PayloadSink: checksum the bytes written into buffers from this index on.
+        self._crc_from: int | None = None
 
     # --- sinks -------------------------------------------------------------
 
@@ -182,6 +185,10 @@ class ReplyParser:
         if self._dead:
             return
         if self._mode == _FILL:
+            if self._crc_from is not None and self._ti >= self._crc_from:
+                # The bytes the kernel just wrote are still in cache: checksum them now.
+                tgt = self._tgt
+                tgt.crc = crc32c(self._cur[self._off:self._off + nbytes], tgt.crc)  # type: ignore[attr-defined,index]
             self._off += nbytes
             self._left -= nbytes
             if self._off == len(self._cur) or self._left == 0:  # type: ignore[arg-type]
@@ -251,6 +258,9 @@ class ReplyParser:
         self._ti = 0
         self._left = length
         self._drop = 0
+        self._crc_from = getattr(sink, "crc_from", None)
+        if self._crc_from is not None:
+            sink.crc = 0  # type: ignore[attr-defined]  # (a retried op starts over)
         # Copy whatever payload already sits in scratch into the sink buffers.
         ti = 0
         while ti < len(sink) and len(sink[ti]) == 0:
@@ -263,6 +273,8 @@ class ReplyParser:
             n = min(len(cur), self._left, avail)
             s = self._start
             cur[0:n] = self._mv[s:s + n]
+            if self._crc_from is not None and ti >= self._crc_from:
+                sink.crc = crc32c(cur[0:n], sink.crc)  # type: ignore[attr-defined]
             self._start = s + n
             self._left -= n
             if n < len(cur) and self._left:  # scratch exhausted mid-buffer
