@@ -12,12 +12,11 @@ Contract, for every operation:
 * a miss is ``None`` (or a shorter prefix), never an exception; corrupt,
   truncated, foreign or oversized values are counted misses and the bad copy is
   deleted;
-* buffer ownership: the caller owns ``dest``. With RESP, when ``get_into``
+* buffer ownership: the caller owns ``dest``. With RESP, when ``get_many_into``
   returns, raises or is cancelled, nothing can write into it any more (the
   transport aborts a connection cancelled mid-reply before the exception leaves
-  it). With RMA the *server* writes: after a miss, keep ``dest`` untouched for
-  :attr:`ChunkStore.release_delay_s` (the server's deadline plus the transport's
-  grace) before reusing it.
+  it). With RMA the *server* writes: a caller that may reuse a missed buffer
+  passes ``on_release`` and reuses it only when called back.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol, Sequence
 
 from . import codec, metrics
 from .codec import HEADER_SIZE, ChunkMeta
@@ -151,37 +150,60 @@ class ChunkStore:
     async def get_into(self, ref: ChunkRef, dest: memoryview) -> GetResult | None:
         return (await self.get_many_into([(ref, dest)]))[0]
 
-    async def get_many_into(self, items: Sequence[tuple[ChunkRef, memoryview]]) -> list[GetResult | None]:
-        """Read each chunk's payload into its buffer. Verified hits or ``None``; never raises for a miss."""
+    async def get_many_into(
+        self,
+        items: Sequence[tuple[ChunkRef, memoryview]],
+        *,
+        on_release: Callable[[int], None] | None = None,
+    ) -> list[GetResult | None]:
+        """Read each chunk's payload into its buffer. Verified hits or ``None``; never raises for a miss.
+
+        ``on_release(i)`` is called once for every item that did not become a hit, when its
+        buffer may be reused: with RESP before this returns (or raises); with RMA when the
+        server's transfer is known to be over, which can be later, and is never for a
+        transfer the server left in flight (it stays quarantined rather than reused).
+        """
         if not items:
             return []
         started = time.perf_counter()
         deadline = started + self.settings.op_timeout_s
-        results = await self._read_round(items, deadline)
-        if self.tiers is not None:
-            missing = [i for i, r in enumerate(results) if r is _ABSENT]
-            if missing:
-                promoted = await self._promote([items[i][0] for i in missing], deadline)
-                again = [i for i, ok in zip(missing, promoted) if ok]
-                if again:
-                    second = await self._read_round([items[i] for i in again], deadline, tier="ram")
-                    for i, r in zip(again, second):
-                        results[i] = r
+        rel = _Releases(len(items), on_release, getattr(self.transport, "supports_release_callbacks", False))
+        try:
+            results = await self._read_round(items, deadline, rel=rel)
+            if self.tiers is not None:
+                missing = [i for i, r in enumerate(results) if r is _ABSENT]
+                if missing:
+                    promoted = await self._promote([items[i][0] for i in missing], deadline)
+                    again = [i for i, ok in zip(missing, promoted) if ok]
+                    if again:
+                        second = await self._read_round([items[i] for i in again], deadline, tier="ram",
+                                                        rel=rel, index=again)
+                        for i, r in zip(again, second):
+                            results[i] = r
+        except BaseException:
+            rel.settle()  # broken or cancelled: nothing became a hit
+            raise
         out: list[GetResult | None] = []
-        nbytes = 0
-        for r in results:
+        for i, r in enumerate(results):
             if isinstance(r, GetResult):
                 out.append(r)
-                nbytes += r.nbytes
+                rel.keep(i)
             else:
                 if r is _ABSENT:
                     metrics.record_miss("ram", "absent")
                 out.append(None)
+        rel.settle()
         metrics.observe_latency("get", "ram", self.transport_name, time.perf_counter() - started)
         return out
 
     async def _read_round(
-        self, items: Sequence[tuple[ChunkRef, memoryview]], deadline: float, tier: str = "ram"
+        self,
+        items: Sequence[tuple[ChunkRef, memoryview]],
+        deadline: float,
+        tier: str = "ram",
+        *,
+        rel: "_Releases",
+        index: Sequence[int] | None = None,
     ) -> list[GetResult | None | object]:
         """One pass over the transport. Returns GetResult, None (counted miss) or _ABSENT."""
         headers = [bytearray(HEADER_SIZE) for _ in items]
@@ -193,8 +215,13 @@ class ChunkStore:
             return [None] * len(items)
         sinks = [codec.PayloadSink([memoryview(h), d]) for h, (_, d) in zip(headers, items)]
         reqs = list(zip(keys, sinks))
+        kw: dict[str, Any] = {}
+        if rel.by_transport:
+            kw["on_release"] = [rel.transfer_over_callback(i) for i in (index or range(len(items)))]
         try:
-            raw = await asyncio.wait_for(self.transport.get_many_into(reqs, timeout=remaining), remaining + _GRACE_S)
+            raw = await asyncio.wait_for(
+                self.transport.get_many_into(reqs, timeout=remaining, **kw), remaining + _GRACE_S
+            )
         except (TransportError, asyncio.TimeoutError) as e:
             cause = _cause(e)
             log.warning("get of %d chunks failed (%s): misses", len(items), e)
@@ -207,6 +234,9 @@ class ChunkStore:
         for i, (key, header, (ref, dest), value_len) in enumerate(zip(keys, headers, items, raw)):
             if value_len is None:
                 out[i] = _ABSENT
+                continue
+            if isinstance(value_len, CorruptChunk):  # the transport checked and refused it
+                self._reject(key, tier, value_len)
                 continue
             if isinstance(value_len, BaseException):
                 metrics.record_miss(tier, _cause(value_len))
@@ -342,9 +372,23 @@ class ChunkStore:
     async def delete(self, chunk_ids: Sequence[str]) -> int:
         """Remove chunks: from RAM, and with tiering from every tier (markers and copies too)."""
         keys = [self.namespace.data_key(c) for c in chunk_ids]
-        if self.tiers is not None:
-            return await self.tiers.delete(keys, timeout=self.settings.op_timeout_s)
-        return await self.transport.delete(keys, timeout=self.settings.op_timeout_s)
+        if self.tiers is None:
+            return await self.transport.delete(keys, timeout=self.settings.op_timeout_s)
+        # The RAM value and its tier marker go first, whatever the tier manager's state;
+        # then the tier manager removes lower copies within what is left of the deadline.
+        deadline = time.perf_counter() + self.settings.op_timeout_s
+        markers = [self.namespace.marker_key(c) for c in chunk_ids]
+        ram, _ = await asyncio.gather(self.transport.delete(keys, timeout=self.settings.op_timeout_s),
+                                      self.transport.delete(markers, timeout=self.settings.op_timeout_s))
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return ram
+        try:
+            lower = await self.tiers.delete(keys, timeout=left)
+        except (TransportError, asyncio.TimeoutError) as e:
+            log.warning("delete of %d chunk(s): lower tiers not confirmed: %s", len(keys), e)
+            lower = 0
+        return max(ram, int(lower or 0))
 
     async def list_ids(self, limit: int | None = None) -> list[str]:
         out: list[str] = []
@@ -365,18 +409,6 @@ class ChunkStore:
         register(addr, length)
         metrics.set_registered_bytes(length)
         return True
-
-    @property
-    def release_delay_s(self) -> float:
-        """How long a missed get's buffer must stay untouched before reuse.
-
-        RESP aborts a connection before an error leaves it: nothing writes afterwards (0).
-        With RMA the *server* writes; a transfer it started may land until its deadline
-        plus the transport's grace, so the caller keeps the buffer that long.
-        """
-        if self.transport_name != "fabric":
-            return 0.0
-        return self.settings.op_timeout_s + float(getattr(self.transport, "drain_grace_s", 2.0))
 
     async def ping(self) -> bool:
         try:
@@ -401,6 +433,42 @@ class ChunkStore:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+class _Releases:
+    """Bookkeeping for ``get_many_into``'s ``on_release``: item i is handed back once it
+    is known not to be a hit *and* no transfer can write into it any more."""
+
+    def __init__(self, n: int, on_release: Callable[[int], None] | None, by_transport: bool) -> None:
+        self.on_release = on_release
+        self.by_transport = by_transport and on_release is not None
+        # RESP (no callbacks): a buffer is free as soon as the call returned or raised.
+        self.free = [not self.by_transport] * n
+        self.miss: list[bool | None] = [None] * n  # None: not decided yet
+        self.done = [False] * n
+
+    def transfer_over_callback(self, i: int) -> Callable[[], None]:
+        self.free[i] = False  # a (new) transfer may target it now
+
+        def over() -> None:
+            self.free[i] = True
+            self._fire(i)
+
+        return over
+
+    def keep(self, i: int) -> None:
+        self.miss[i] = False
+
+    def settle(self) -> None:
+        for i in range(len(self.miss)):
+            if self.miss[i] is None:
+                self.miss[i] = True
+            self._fire(i)
+
+    def _fire(self, i: int) -> None:
+        if self.on_release is not None and self.free[i] and self.miss[i] and not self.done[i]:
+            self.done[i] = True
+            self.on_release(i)
 
 
 # Transports honour their own deadline and report per-item results; our outer guard

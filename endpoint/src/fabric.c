@@ -1,6 +1,7 @@
 /* libfabric side of the endpoint (see fabric.h). Threading: the module's main thread only
  * calls submit/add_peer/forget_peer/stats; everything that waits on the network runs on
  * the one fabric thread (docs/fabric-threading.md). */
+#include <signal.h>
 #include "fabric.h"
 
 #include "crc32c.h"
@@ -392,7 +393,14 @@ lmcv_fabric *lmcv_fabric_open(const char *provider, const char *bind_addr, void 
     if (f->max_inflight > 64) f->max_inflight = 64;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    if (pthread_create(&f->thread, NULL, fabric_main, f)) { snprintf(err, errlen, "pthread_create failed"); goto fail; }
+    /* The fabric thread takes no signals: SIGTERM/SIGINT must reach Valkey's main thread,
+     * whose handler schedules a clean shutdown. */
+    sigset_t all, prev;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &prev);
+    int prc = pthread_create(&f->thread, NULL, fabric_main, f);
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    if (prc) { snprintf(err, errlen, "pthread_create failed"); goto fail; }
     return f;
 fail:
     if (f->mr) fi_close(&f->mr->fid);

@@ -3,6 +3,8 @@
  * misses, refusals) and a blocked client served by the fabric thread (RMA mode).
  * Never calls libfabric directly (fabric.c does) and never waits on the network.
  * Why values are a module type over one arena: docs/fabric-keyspace.md. */
+#include <pthread.h>
+#include <signal.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,12 +98,31 @@ static session *session_find(unsigned long long id) {
 
 static void on_client_change(RMCtx *ctx, RMEvent e, uint64_t sub, void *data) {
     (void)ctx; (void)e;
-    if (sub != RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED) return;
+    if (sub != RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || !G.fabric) return;
     unsigned long long id = ((RMClientInfoHead *)data)->id;
     session *s = session_find(id);
     if (!s) return;
     lmcv_fabric_forget_peer(G.fabric, s->peer);
     *s = sessions[--nsessions];
+}
+
+/* The server is exiting: stop the fabric thread and close libfabric now. Left running, the
+ * thread polls a CQ while libfabric's own destructor tears providers down at exit(), which
+ * crashes the process on its way out. */
+static void on_shutdown(RMCtx *ctx, RMEvent e, uint64_t sub, void *data) {
+    (void)ctx; (void)e; (void)sub; (void)data;
+    lmcv_fabric *f = G.fabric;
+    G.fabric = NULL;
+    lmcv_fabric_close(f);
+}
+
+/* Whatever ends the process (exit() from a signal handler libfabric installed at load time
+ * included), stop the fabric thread before libfabric's own destructor frees the providers it
+ * polls: this library is finalised before the libfabric it depends on. */
+__attribute__((destructor)) static void on_unload(void) {
+    lmcv_fabric *f = G.fabric;
+    G.fabric = NULL;
+    lmcv_fabric_close(f);
 }
 
 /* ---- argument parsing ---------------------------------------------------------------- */
@@ -486,8 +507,14 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
     lmcv_fabric *fabric = NULL;
     if (strcasecmp(G.provider, "none") != 0) {
         char err[256];
+        /* Threads that libfabric's providers start while we open the fabric inherit this
+         * mask: none of them may take SIGTERM/SIGINT, which belong to Valkey's main thread. */
+        sigset_t all, prev;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &prev);
         fabric = lmcv_fabric_open(G.provider, G.bind, lmcv_arena_base(arena), lmcv_arena_size(arena),
                                   (size_t)G.chunk_kb << 10, err, sizeof(err));
+        pthread_sigmask(SIG_SETMASK, &prev, NULL);
         if (!fabric) {
             RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: fabric unavailable: %s", err);
             lmcv_arena_destroy(arena);
@@ -499,7 +526,8 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
         RM_CreateCommand(ctx, LMCV_CMD_GET, cmd_get, "readonly", 1, 1, 1) != RM_OK ||
         RM_CreateCommand(ctx, LMCV_CMD_INFO, cmd_info, "readonly fast", 1, 1, 1) != RM_OK ||
         RM_RegisterInfoFunc(ctx, info_func) != RM_OK ||
-        RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_CLIENT_CHANGE, 1}, on_client_change) != RM_OK) {
+        RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_CLIENT_CHANGE, 1}, on_client_change) != RM_OK ||
+        RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_SHUTDOWN, 1}, on_shutdown) != RM_OK) {
         lmcv_fabric_close(fabric);
         lmcv_arena_destroy(arena);
         return RM_ERR;

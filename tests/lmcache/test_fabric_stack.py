@@ -60,3 +60,30 @@ def test_auto_uses_fabric_when_the_endpoint_answers_and_tcp_otherwise(blob_serve
         got = stack.remote.get_blocking(lay.key(3))
         assert payload(got) == want
         got.ref_count_down()
+
+
+def test_server_with_the_module_exits_without_crashing_after_rma_traffic(make_stack):
+    """SIGTERM after RMA traffic: the module stops its fabric thread before libfabric is torn
+    down, so the server never dies of a signal on its way out.
+
+    (It exits with status 1 rather than 0: libfabric replaces Valkey's SIGTERM handler when
+    it is loaded. Use SHUTDOWN, e.g. a preStop hook, for a clean shutdown with persistence.)"""
+    import signal
+
+    args = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", "arena_mb", "64"]
+    server = ValkeyServer(args=args).start()
+    try:
+        lay = Layout(model="exit", num_layers=4, num_kv_heads=2, head_dim=64, chunk_size=16)
+        stack = make_stack({"url": server.url, "transport": "fabric"}, layout=lay)
+        obj = filled(stack, 1)
+        put_and_wait(stack, [lay.key(1)], [obj])
+        obj.ref_count_down()
+        got = stack.remote.get_blocking(lay.key(1))
+        got.ref_count_down()
+        proc = server.proc
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        assert code >= 0, f"valkey-server died of signal {-code}"
+    finally:
+        server.stop()
+        server.cleanup()

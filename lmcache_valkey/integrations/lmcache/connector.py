@@ -93,14 +93,6 @@ class ValkeyRemoteConnector(RemoteConnector):
             raise RuntimeError(f"cannot find the CPU arena of {type(alloc).__name__} to register")
         self.store.register_memory(buf.data_ptr(), buf.numel() * buf.element_size())
 
-    def _release_missed(self, obj: MemoryObj) -> None:
-        """Release a destination that did not become a hit, once nothing can write into it."""
-        delay = self.store.release_delay_s
-        if delay <= 0:
-            obj.ref_count_down()
-        else:  # an RMA write may still land: keep LMCache from reusing the slot until then
-            self._io.loop.call_later(delay, obj.ref_count_down)
-
     @staticmethod
     def _ref(key: CacheEngineKey) -> ChunkRef:
         s = key.to_string()
@@ -115,8 +107,7 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     def _finish(self, obj: MemoryObj, result: Optional[GetResult]) -> Optional[MemoryObj]:
         """Turn a store result into what LMCache expects, releasing on a miss."""
-        if result is None:
-            self._release_missed(obj)
+        if result is None:  # already handed back through the store's on_release
             return None
         if result.nbytes != self.full_chunk_size_bytes:
             try:
@@ -129,17 +120,13 @@ class ValkeyRemoteConnector(RemoteConnector):
         return obj
 
     async def _get_many(self, keys: Sequence[CacheEngineKey]) -> list[Optional[MemoryObj]]:
-        """Runs on the I/O loop: allocate, read, verify; release every miss."""
+        """Runs on the I/O loop: allocate, read, verify. Every destination that does not
+        become a hit goes back to LMCache through ``on_release``, once nothing can write
+        into it (at once with RESP; after the server's transfer ended with RMA)."""
         objs: list[Optional[MemoryObj]] = [self._allocate() for _ in keys]
+        placed = [o for o in objs if o is not None]
         items = [(self._ref(k), o.byte_array) for k, o in zip(keys, objs) if o is not None]
-        try:
-            results = await self.store.get_many_into(items)
-        except BaseException:
-            # Cancelled or broken: RESP has already let go of the buffers; RMA may not have.
-            for o in objs:
-                if o is not None:
-                    self._release_missed(o)
-            raise
+        results = await self.store.get_many_into(items, on_release=lambda i: placed[i].ref_count_down())
         it = iter(results)
         return [None if o is None else self._finish(o, next(it)) for o in objs]
 

@@ -3,6 +3,7 @@
  * several constants moved between libfabric 1.17 and 2.x; keeping the version-sensitive
  * bits here gives Python one small, stable surface (docs/fabric-binding.md).
  * It holds no policy: which provider, what to register, when to progress is Python's. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,11 +78,25 @@ static void lmcv_ep_close(struct lmcv_ep *e) {
     free(e);
 }
 
+/* libfabric's shm provider installs SIGINT/SIGTERM handlers while providers initialise
+ * (whichever provider is chosen), replacing the host process's own (vLLM's, Python's
+ * KeyboardInterrupt). Provider discovery runs with the host's handlers put back after. */
+static struct fi_info *lmcv_getinfo_keep_signals(const char *prov, const char *node, int hmem, int strict,
+                                                  char *err, size_t errlen) {
+    struct sigaction old_int, old_term;
+    sigaction(SIGINT, NULL, &old_int);
+    sigaction(SIGTERM, NULL, &old_term);
+    struct fi_info *info = lmcv_getinfo(prov, node, hmem, strict, err, errlen);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return info;
+}
+
 static struct lmcv_ep *lmcv_ep_open(const char *prov, const char *node, int hmem, char *err, size_t errlen) {
     struct lmcv_ep *e = calloc(1, sizeof(*e));
     if (!e) { snprintf(err, errlen, "out of memory"); return NULL; }
-    e->info = lmcv_getinfo(prov, node, hmem, 1, err, errlen);
-    if (!e->info) e->info = lmcv_getinfo(prov, node, hmem, 0, err, errlen);
+    e->info = lmcv_getinfo_keep_signals(prov, node, hmem, 1, err, errlen);
+    if (!e->info) e->info = lmcv_getinfo_keep_signals(prov, node, hmem, 0, err, errlen);
     if (!e->info) { free(e); return NULL; }
     SHIM_CHECK(fi_fabric(e->info->fabric_attr, &e->fabric, NULL), "fi_fabric");
     SHIM_CHECK(fi_domain(e->fabric, e->info, &e->domain, NULL), "fi_domain");

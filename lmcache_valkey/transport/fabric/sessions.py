@@ -116,9 +116,13 @@ class SessionPool:
     async def exchange(self, s: Session, args: Sequence[Any], wait_s: float) -> Any:
         """Sends one command and reads its reply (at most ``wait_s``). Raises ErrorReply for
         an error reply; ConnectionLost / DeadlineExceeded / TransportError otherwise."""
-        try:
+        async def send_and_read() -> Any:
             await s.raw.send_command(*args)
-            return await asyncio.wait_for(s.raw.read_response(), wait_s)
+            return await s.raw.read_response()
+
+        try:
+            # The send is under the deadline too: a stalled peer must not hold the slot forever.
+            return await asyncio.wait_for(send_and_read(), wait_s)
         except vexc.ResponseError as exc:
             raise ErrorReply(str(exc)) from None
         except asyncio.TimeoutError:
@@ -139,13 +143,18 @@ class SessionPool:
                     out.append(ErrorReply(str(exc)))
             return out
 
-        try:
+        async def send_and_read() -> list[Any]:
             await s.raw.send_packed_command(s.raw.pack_commands(cmds))
-            return await asyncio.wait_for(read_all(), wait_s)
+            return await read_all()
+
+        try:
+            return await asyncio.wait_for(send_and_read(), wait_s)
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"no reply from {self.where} in {wait_s:.3f}s") from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
             raise ConnectionLost(f"connection to {self.where} lost: {exc}") from exc
+        except vexc.ValkeyError as exc:
+            raise TransportError(str(exc)) from exc
 
     async def close(self) -> None:
         self._closed = True

@@ -379,11 +379,19 @@ class FabricTransport:
 
     # -- the store's ChunkTransport protocol ------------------------------------------------
 
+    # The store may pass per-item ``on_release`` callbacks: with RMA the server writes,
+    # so a destination is reusable only when its callback ran, not when the call returned.
+    supports_release_callbacks = True
+
     async def get_many_into(
-        self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
+        self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float,
+        on_release: Sequence[Callable[[], None]] | None = None,
     ) -> list[int | None | TransportError]:
         """Concurrent ``get_into`` striped over the connections; per-item errors as values."""
-        got = await asyncio.gather(*(self.get_into(k, list(b), timeout) for k, b in items), return_exceptions=True)
+        rel = list(on_release) if on_release is not None else [None] * len(items)
+        got = await asyncio.gather(
+            *(self.get_into(k, b, timeout, on_release=r) for (k, b), r in zip(items, rel)), return_exceptions=True
+        )
         return [_as_result(g) for g in got]
 
     async def set_many(
