@@ -278,3 +278,49 @@ def test_redis_7_compatibility() -> None:
 
     with ValkeyServer(binary=DEBIAN_REDIS) as server:
         asyncio.run(main(server))
+
+
+def _received_connections(server) -> int:
+    info = server.cmd("INFO", "stats").decode()
+    return int(next(line.split(":")[1] for line in info.splitlines() if line.startswith("total_connections_received")))
+
+
+def test_wrong_password_backs_off_instead_of_reconnecting_per_operation(valkey_server):
+    valkey_server.cmd("ACL", "SETUSER", "worker", "on", ">right", "~*", "+@all")
+
+    async def run() -> int:
+        c = RespClient(valkey_server.settings(username="worker", password="right"))
+        await c.start()
+        try:
+            valkey_server.cmd("ACL", "SETUSER", "worker", "resetpass", ">rotated")  # rotated under us
+            valkey_server.cmd("CLIENT", "KILL", "USER", "worker")
+            before = _received_connections(valkey_server)
+            for _ in range(50):
+                with pytest.raises(TransportError):
+                    await c.get_into(b"k", [memoryview(bytearray(8))], timeout=0.5)
+            return _received_connections(valkey_server) - before
+        finally:
+            await c.close()
+
+    assert asyncio.run(run()) < 10  # not one AUTH attempt per operation
+
+
+def test_callers_queued_behind_a_node_in_back_off_fail_fast():
+    from support.servers import free_port
+
+    from lmcache_valkey.config import settings_from_mapping
+
+    async def run() -> list:
+        s = settings_from_mapping({"url": f"valkey://127.0.0.1:{free_port()}", "connections_per_node": 1}, env={})
+        c = RespClient(s)
+        try:
+            return await asyncio.gather(
+                *(c.get_into(b"k", [memoryview(bytearray(8))], timeout=5.0) for _ in range(4)), return_exceptions=True
+            )
+        finally:
+            await c.close()
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, TransportError) for r in results), results
+    # Refused at once, or by the back-off: none of them sat waiting for its deadline.
+    assert not any(isinstance(r, DeadlineExceeded) for r in results), results

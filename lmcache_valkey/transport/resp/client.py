@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, Sequence
 
 from ...codec import PayloadSink
@@ -75,6 +76,9 @@ def _sink(bufs: Any) -> list[memoryview]:
     return [as_byte_view(b, writable=True) for b in bufs]
 
 
+REFRESH_MIN_INTERVAL_S = 1.0
+
+
 class RespClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -82,6 +86,7 @@ class RespClient:
         self._pools: dict[Node, NodePool] = {}
         self._cluster = False
         self._map = SlotMap()
+        self._last_refresh = -REFRESH_MIN_INTERVAL_S
         self._primary: Node = settings.nodes[0]
         self._refresh_task: asyncio.Task[None] | None = None
         self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
@@ -178,6 +183,12 @@ class RespClient:
     def _schedule_refresh(self) -> None:
         if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
             return
+        # At most one refresh per interval: while a primary is down and not yet failed over,
+        # every failing batch asks for one; a fleet of workers must not storm the cluster.
+        now = time.monotonic()
+        if now - self._last_refresh < REFRESH_MIN_INTERVAL_S:
+            return
+        self._last_refresh = now
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
 
     async def _refresh(self) -> None:
@@ -187,6 +198,9 @@ class RespClient:
             try:
                 reply = await self._node_call(node, ("CLUSTER", "SLOTS"), self.settings.op_timeout_s)
                 ranges = parse_cluster_slots(reply, node.host)
+            except (ValueError, TypeError, IndexError) as e:  # a malformed reply is that node's problem
+                log.warning("topology refresh via %s: unreadable CLUSTER SLOTS reply: %s", node.name, e)
+                continue
             except TransportError as e:
                 log.debug("topology refresh via %s failed: %s", node.name, e)
                 continue

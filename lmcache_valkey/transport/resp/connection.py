@@ -297,10 +297,10 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         write = transport.write  # type: ignore[union-attr]
         sock = self._sock if DIRECT_SEND else None
-        if transport.is_closing():  # type: ignore[union-attr]
-            out.clear()  # connection_lost() follows and fails the pending requests
-            return
         while out and not self._paused:
+            if transport.is_closing():  # type: ignore[union-attr]
+                out.clear()  # connection_lost() follows and fails the pending requests
+                return
             d = out[0]
             if sock is not None and len(d) >= DIRECT_MIN and not transport.get_write_buffer_size():  # type: ignore[union-attr]
                 # Plain socket, nothing queued in the transport (so order is

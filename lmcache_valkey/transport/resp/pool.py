@@ -76,13 +76,14 @@ class NodePool:
     async def _open(self) -> Connection:
         now = time.monotonic()
         if now < self._retry_at and self._last_error is not None:
+            self._wake()  # waiters queued behind us fail fast too, instead of at their deadline
             raise type(self._last_error)(
                 f"{self._last_error} (node in back-off, next attempt in {self._retry_at - now:.2f}s)"
             )
         self._connecting += 1
         try:
             conn = await open_connection(self.node, self.settings, ssl_context=self._ssl)
-        except (ConnectionLost, DeadlineExceeded) as e:
+        except TransportError as e:  # refused, timed out, or AUTH/SELECT rejected: back off alike
             self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
             self._retry_at = time.monotonic() + self._backoff
             self._last_error = e
