@@ -60,7 +60,9 @@ class TierClient:
         self._puts: list[tuple[bytes, int]] = []
         self._hits: list[bytes] = []
         self._hint_task: asyncio.Task[None] | None = None
-        self.stats = {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0}
+        self._tasks: set[asyncio.Task[Any]] = set()  # hint sends in flight (referenced until done)
+        self.stats = {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0,
+                      "requests_trimmed": 0, "delete_failures": 0}
 
     @classmethod
     def embedded(cls, manager: TierManager) -> "TierClient":
@@ -108,10 +110,28 @@ class TierClient:
             await self._send_hints()
 
     async def delete(self, data_keys: Sequence[bytes], *, timeout: float = 5.0) -> int:
-        """Coordinated delete: RAM value, marker, and every lower-tier copy."""
+        """Coordinated delete: RAM value, marker, and every lower-tier copy, within ``timeout``.
+
+        Remote: the delete intent is recorded in Valkey first (tierd applies it even if this
+        request is lost or tierd is down now); returns 0 when tierd does not answer in time."""
         if self.manager is not None:
-            return await self.manager.delete(list(data_keys))
-        return int(await self._call("delete", {"keys": list(data_keys)}, timeout) or 0)
+            return await self.manager.delete(list(data_keys), timeout=timeout)
+        keys = list(data_keys)
+        if not keys:
+            return 0
+        t0 = time.monotonic()
+        dkey = protocol.delete_key(self.key_prefix, self.tenant)
+        args: list[Any] = [b"HSET", dkey]
+        now = int(time.time() * 1000)
+        for k in keys:
+            args += [k, now]
+        try:
+            await self.valkey.command(*args, key=dkey, timeout=timeout)
+            return int(await self._call("delete", {"keys": keys}, timeout - (time.monotonic() - t0)) or 0)
+        except (TransportError, asyncio.TimeoutError, RuntimeError) as e:
+            self.stats["delete_failures"] += 1
+            log.warning("tier client: delete of %d chunk(s) not confirmed by tierd (%s)", len(keys), e)
+            return 0
 
     # --- control (CLI) ---------------------------------------------------------------------
     async def control(self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
@@ -131,7 +151,7 @@ class TierClient:
     async def close(self) -> None:
         if self.manager is None:
             await self._send_hints()
-        for t in (self._listener, self._hint_task):
+        for t in (self._listener, self._hint_task, *self._tasks):
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
@@ -149,7 +169,9 @@ class TierClient:
             msg = {"op": op, "id": rid, "reply": self._rep, "ttl_ms": max(1, int(timeout * 1000)),
                    "sent_ms": int(time.time() * 1000), **args}
             t0 = time.monotonic()
-            await self.valkey.command(b"RPUSH", self._req, protocol.pack(msg), key=self._req, timeout=timeout)
+            if timeout <= 0:
+                raise asyncio.TimeoutError
+            await self._push(protocol.pack(msg), timeout)
             if self._listener is None or self._listener.done():
                 self._listener = asyncio.create_task(self._listen(), name="lmcv-tier-replies")
             left = timeout - (time.monotonic() - t0)
@@ -188,7 +210,9 @@ class TierClient:
             self.stats["hints_dropped"] += over
             del self._hits[: min(over, len(self._hits))]
         if len(self._puts) + len(self._hits) >= HINT_BATCH:
-            asyncio.ensure_future(self._send_hints())
+            t = asyncio.ensure_future(self._send_hints())
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
         elif self._hint_task is None or self._hint_task.done():
             self._hint_task = asyncio.ensure_future(self._hint_later())
 
@@ -203,9 +227,20 @@ class TierClient:
         self._puts, self._hits = [], []
         msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits}
         try:
-            await self.valkey.command(b"RPUSH", self._req, protocol.pack(msg), key=self._req,
-                                      timeout=self.settings.op_timeout_s)
+            await self._push(protocol.pack(msg), self.settings.op_timeout_s)
             self.stats["hints_sent"] += len(puts) + len(hits)
         except TransportError as e:
             self.stats["hints_dropped"] += len(puts) + len(hits)
             log.debug("tier client: hints dropped: %s", e)
+
+    async def _push(self, payload: bytes, timeout: float) -> None:
+        """RPUSH a request; while tierd is down the list is kept to ``protocol.REQUEST_MAX``
+        (the oldest requests are trimmed: their waiters have long given up)."""
+        n = await self.valkey.command(b"RPUSH", self._req, payload, key=self._req, timeout=timeout)
+        cap = protocol.REQUEST_MAX
+        if isinstance(n, int) and n > cap:
+            try:
+                await self.valkey.command(b"LTRIM", self._req, -cap, -1, key=self._req, timeout=timeout)
+                self.stats["requests_trimmed"] += n - cap
+            except TransportError as e:
+                log.debug("tier client: request list not trimmed: %s", e)

@@ -132,10 +132,12 @@ class ChunkRead:
     are views of one buffer that may be pooled; call :meth:`release` when done with them
     (after which the views must not be used)."""
 
-    __slots__ = ("header", "payload", "_release")
+    __slots__ = ("header", "payload", "_release", "expires_ms")
 
-    def __init__(self, header: memoryview, payload: memoryview, release: Callable[[], None] | None = None) -> None:
+    def __init__(self, header: memoryview, payload: memoryview, release: Callable[[], None] | None = None,
+                 *, expires_ms: int = 0) -> None:
         self.header, self.payload, self._release = header, payload, release
+        self.expires_ms = expires_ms  # the copy's own record of the chunk's expiry (Unix ms, 0 = never)
 
     def release(self) -> None:
         r, self._release = self._release, None
@@ -157,6 +159,7 @@ class Pins:
     def __init__(self) -> None:
         self._n: Counter[bytes] = Counter()
         self._deferred: dict[bytes, list[Callable[[], object]]] = {}
+        self._tasks: set[asyncio.Task[object]] = set()
 
     def pinned(self, key: bytes) -> bool:
         return self._n[key] > 0
@@ -173,7 +176,9 @@ class Pins:
                 for fn in self._deferred.pop(key, []):
                     r = fn()
                     if asyncio.iscoroutine(r):
-                        asyncio.ensure_future(r)
+                        t = asyncio.ensure_future(r)
+                        self._tasks.add(t)  # referenced until done (the loop keeps only weak refs)
+                        t.add_done_callback(self._tasks.discard)
 
     def defer(self, key: bytes, fn: Callable[[], object]) -> bool:
         """Run ``fn`` now (returns False) or at the last unpin (returns True)."""

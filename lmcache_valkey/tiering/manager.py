@@ -29,6 +29,7 @@ Never imports: aiobotocore (only via .object_store), valkey-py, the store, the i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -40,7 +41,7 @@ from ..config import Settings
 from ..errors import TransportError
 from . import _metrics, protocol
 from ..keys import Namespace
-from .index import LOWER_TIERS, ChunkRead, TierIndex, marker_of, marker_value, split_data_key
+from .index import LOWER_TIERS, ChunkRead, TierIndex, data_of, marker_of, marker_value, split_data_key
 from .nvme import NvmeTier
 from .policy import Admission, CostModel, Demotion, MemoryState, parse_info_memory
 from .settings import TieringSettings
@@ -48,6 +49,8 @@ from .settings import TieringSettings
 log = logging.getLogger(__name__)
 
 _TOMBSTONES_MAX = 100_000
+_SERVE_MAX = 256  # requests handled at once by serve_requests (then BLPOP waits)
+_DELETE_BATCH = 256  # object deletes retried per background pass
 
 
 class TierManager:
@@ -72,8 +75,18 @@ class TierManager:
         self._promoting: dict[bytes, asyncio.Future[bool]] = {}
         self._copying: dict[bytes, asyncio.Task[bool]] = {}
         self._copy_sem = asyncio.Semaphore(8)
-        self._tombstones: OrderedDict[bytes, None] = OrderedDict()
+        # key -> generation of its last delete. A copy or upload started under another
+        # generation is dropped/undone: a late put hint can never resurrect a deleted chunk.
+        self._tombstones: OrderedDict[bytes, int] = OrderedDict()
+        self._gen_seq = itertools.count(1)
         self._s3_pending: set[bytes] = set()  # queued for upload, not durable yet
+        self._s3_doomed: set[bytes] = set()  # object DELETEs still to send (retried in the background)
+        self._intents: set[bytes] = set()  # of those, recorded in Valkey's delete-intent hash
+        self._listed = False  # the object listing went into the index
+        self._wake = asyncio.Event()  # promotion under memory pressure wakes the demotion loop
+        self._free_lock = asyncio.Lock()  # one demotion pass at a time
+        self._serve_sem = asyncio.Semaphore(_SERVE_MAX)
+        self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._mem: MemoryState | None = None
@@ -82,30 +95,66 @@ class TierManager:
         self.stats_counters = {
             "promotions": 0, "promotion_misses": 0, "promote_coalesced": 0, "skipped_cost": 0, "already_in_ram": 0, "foreign": 0, "markers_restored": 0,
             "admitted": 0, "rejected": 0, "demoted": 0, "ram_evicted": 0, "deleted": 0, "expired": 0,
-            "requests": 0, "bad_requests": 0,
+            "requests": 0, "bad_requests": 0, "s3_deletes_pending": 0, "stale_markers_removed": 0,
+            "demote_wakeups": 0,
         }
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self, *, background: bool = True) -> None:
         """Open tiers, rebuild the index from NVMe headers and the object listing, re-assert
         tier markers, and (``background``) start the demotion/expiry loop."""
+        doomed = await self._load_intents()
         if self.nvme is not None:
             for e in await self.nvme.start():
+                if e.key in doomed:
+                    await self.nvme.remove(e.key)
+                    continue
                 self.index.add(e.key, "nvme", e.value_len, last_access=e.mtime, expires_ms=e.expires_ms)
         if self.ts.s3_bucket:
             from .object_store import ObjectTier
 
-            self.s3 = ObjectTier(self.ts, on_durable=self._on_durable, is_wanted=self._wanted, on_gone=self._on_s3_gone)
+            self.s3 = ObjectTier(self.ts, on_durable=self._on_durable, is_wanted=self._current, on_gone=self._on_s3_gone)
             await self.s3.start()
-            try:
-                async for o in self.s3.list_objects(self.tenant):
-                    self.index.add(o.key, "s3", o.value_len, last_access=o.mtime, expires_ms=o.expires_ms)
-            except TransportError as e:
-                log.warning("tiering: object listing failed at start (%s); index holds NVMe only", e)
+            self._s3_doomed |= doomed
+            await self.rebuild_object_index()
         await self.reconcile_markers()
+        if self.s3 is None and doomed:
+            await self.retry_deletes()  # nothing lower than NVMe: the intents are done
         if background:
             self._loops.append(asyncio.create_task(self._demotion_loop(), name="lmcv-tier-demote"))
         log.info("tiering: started (%d chunks indexed: %s)", len(self.index), self.index.stats())
+
+    async def rebuild_object_index(self) -> bool:
+        """Index the object listing (at start; retried by the background loop until it
+        succeeds). Objects with a pending delete are not indexed. True when listed."""
+        if self.s3 is None or self._listed:
+            return True
+        found: list[Any] = []
+        try:
+            async for o in self.s3.list_objects(self.tenant):
+                found.append(o)
+        except TransportError as e:
+            log.warning("tiering: object listing failed (%s); index holds NVMe only, retrying in the background", e)
+            return False
+        self._listed = True
+        for o in found:
+            if o.key in self._s3_doomed:
+                continue
+            self.index.add(o.key, "s3", o.value_len, last_access=o.mtime, expires_ms=o.expires_ms)
+            if self._loops:  # listed late: markers for what was found
+                self._spawn(self._sync_marker(o.key))
+        return True
+
+    async def _load_intents(self, *, quiet: bool = False) -> set[bytes]:
+        """Delete intents recorded in Valkey (by this manager before a restart, or by workers)."""
+        try:
+            r = await self.valkey.command(b"HKEYS", self._del_key, key=self._del_key, timeout=self.timeout)
+        except TransportError as e:
+            (log.debug if quiet else log.warning)("tiering: delete intents unreadable (%s); retried in the background", e)
+            return set()
+        keys = {bytes(k) for k in r or ()}
+        self._intents |= keys
+        return keys
 
     async def close(self, drain_timeout: float = 5.0) -> int:
         """Stop loops; wait for admissions; drain the object backlog within ``drain_timeout``.
@@ -118,6 +167,10 @@ class TierManager:
         deadline = time.monotonic() + drain_timeout
         if self._copying:
             await asyncio.wait(list(self._copying.values()), timeout=max(0.0, deadline - time.monotonic()))
+        copying = list(self._copying.values())
+        for t in copying:  # past the drain deadline: stop them
+            t.cancel()
+        await asyncio.gather(*copying, return_exceptions=True)
         left = 0
         if self.s3 is not None:
             left = await self.s3.close(max(0.001, deadline - time.monotonic()))
@@ -138,6 +191,7 @@ class TierManager:
     async def _sync_marker(self, key: bytes) -> None:
         tiers = self.index.tiers_of(key)
         mk = marker_of(key)
+        gen = self._gen(key)
         try:
             if tiers:
                 e = self.index.get(key)
@@ -145,6 +199,10 @@ class TierManager:
                 if e is not None and e.expires_ms:
                     args += [b"PXAT", e.expires_ms]
                 await self.valkey.command(*args, key=mk, timeout=self.timeout)
+                # A delete/expiry that ran while the SET was in flight may have sent its DEL
+                # first: re-check, and take the marker back if the chunk is gone now.
+                if not self.index.tiers_of(key) or self._gen(key) != gen:
+                    await self.valkey.delete([mk], timeout=self.timeout)
             else:
                 await self.valkey.delete([mk], timeout=self.timeout)
         except TransportError as e:
@@ -167,20 +225,27 @@ class TierManager:
         if not self._closing:
             self._spawn(self._sync_marker(key))
 
-    def _on_durable(self, key: bytes, value_len: int, expires_ms: int) -> None:
+    def _on_durable(self, key: bytes, value_len: int, expires_ms: int, gen: int = 0) -> None:
+        if not self._current(key, gen):
+            return  # deleted meanwhile (the uploader undoes it)
         self._s3_pending.discard(key)
-        if not self._wanted(key):
-            return
         self.index.add(key, "s3", value_len, expires_ms=expires_ms)
         self._spawn(self._sync_marker(key))
 
-    def _wanted(self, key: bytes) -> bool:
-        return key not in self._tombstones
+    def _gen(self, key: bytes) -> int:
+        return self._tombstones.get(key, 0)
+
+    def _current(self, key: bytes, gen: int) -> bool:
+        """No delete of ``key`` happened since generation ``gen`` was read."""
+        return self._tombstones.get(key, 0) == gen
 
     # --- admission (put/hit hints) ---------------------------------------------------------
     def note_put(self, key: bytes, nbytes: int = 0) -> None:
-        """A chunk was written to RAM. Cheap; the copy to lower tiers runs in the background."""
-        self._tombstones.pop(key, None)
+        """A chunk was written to RAM. Cheap; the copy to lower tiers runs in the background.
+
+        A put hint may arrive after a delete of the same key (hints are batched): it never
+        clears the delete. A copy reads the value from RAM under the current generation, so
+        only a value put again after the delete can be copied."""
         self._touch(key)
 
     def note_hit(self, key: bytes) -> None:
@@ -194,7 +259,7 @@ class TierManager:
         if self.admission.admit(key):
             self.stats_counters["admitted"] += 1
             _metrics.record_admission("nvme" if self.nvme else "s3", True)
-            self._copying[key] = t = asyncio.ensure_future(self._copy_down(key))
+            self._copying[key] = t = asyncio.ensure_future(self._copy_down(key, gen=self._gen(key)))
             t.add_done_callback(lambda _t, k=key: self._copying.pop(k, None))
         elif self.admission.count(key) == 1:
             self.stats_counters["rejected"] += 1
@@ -206,35 +271,41 @@ class TierManager:
             return False
         return (self.nvme is None or "nvme" in e.tiers) and (self.s3 is None or "s3" in e.tiers or key in self._s3_pending)
 
-    async def _copy_down(self, key: bytes, value: memoryview | None = None, pttl_ms: int | None = None) -> bool:
+    async def _copy_down(self, key: bytes, value: memoryview | None = None, pttl_ms: int | None = None,
+                         gen: int | None = None) -> bool:
         """Copy one chunk from RAM to NVMe (now) and the object tier (write-behind)."""
+        gen = self._gen(key) if gen is None else gen
         async with self._copy_sem:
             try:
                 if value is None:
-                    raw, pttl = await asyncio.gather(
-                        self.valkey.command(b"GET", key, key=key, timeout=self.timeout),
-                        self.valkey.command(b"PTTL", key, key=key, timeout=self.timeout),
-                    )
+                    # PTTL first, then GET: a key that expires in between reads as absent;
+                    # -2 (gone) is never taken for "no expiry" (-1).
+                    pttl = int(await self.valkey.command(b"PTTL", key, key=key, timeout=self.timeout))
+                    if pttl == -2:
+                        return False
+                    raw = await self.valkey.command(b"GET", key, key=key, timeout=self.timeout)
                     if raw is None:
                         return False
-                    value, pttl_ms = memoryview(raw), int(pttl)
+                    value, pttl_ms = memoryview(raw), pttl
             except TransportError as e:
                 log.debug("tiering: could not read %r from RAM for demotion: %s", key, e)
                 return False
+            if not self._current(key, gen):
+                return False  # deleted while we read it
             expires_ms = int(time.time() * 1000) + pttl_ms if pttl_ms and pttl_ms > 0 else 0
             e = self.index.get(key)
             have = e.tiers if e is not None else set()
             changed = False
             if self.nvme is not None and "nvme" not in have:
                 if await self.nvme.write(key, [value], expires_ms=expires_ms):
-                    if not self._wanted(key):
+                    if not self._current(key, gen):
                         await self.nvme.remove(key)
                         return False
                     self.index.add(key, "nvme", value.nbytes, expires_ms=expires_ms)
                     _metrics.record_demotion("nvme", value.nbytes)
                     changed = True
             if self.s3 is not None and "s3" not in have and key not in self._s3_pending:
-                if self.s3.enqueue(key, value, expires_ms=expires_ms):
+                if self.s3.enqueue(key, value, expires_ms=expires_ms, gen=gen):
                     self._s3_pending.add(key)
             if changed:
                 await self._sync_marker(key)
@@ -274,6 +345,7 @@ class TierManager:
 
     async def _promote_one(self, key: bytes, deadline: float) -> bool:
         t0 = time.perf_counter()
+        gen = self._gen(key)
         e = self.index.get(key)
         if e is None:
             self.stats_counters["promotion_misses"] += 1
@@ -286,6 +358,9 @@ class TierManager:
             pass
         for tier in self.index.tiers_of(key):
             remaining = deadline - time.monotonic()
+            if remaining <= 0:  # re-checked before every tier read (requests may have queued)
+                _metrics.record_miss(tier, "deadline")
+                break
             budget = min(self.ts.recompute_budget_s, remaining)
             if not self.cost.affordable(tier, e.value_len, budget):
                 self.stats_counters["skipped_cost"] += 1
@@ -294,6 +369,7 @@ class TierManager:
             r0 = time.perf_counter()
             got = await self._read_tier(tier, key, e.value_len)
             if got is None:
+                self.cost.failure(tier, e.value_len, time.perf_counter() - r0)
                 continue
             self.cost.observe(tier, e.value_len, time.perf_counter() - r0)
             hdr, payload = got
@@ -301,19 +377,25 @@ class TierManager:
                 got.release()
                 await self._remove_lower([key], (tier,))
                 continue
-            if not self._wanted(key) or self.index.get(key) is None:
+            if not self._current(key, gen) or self.index.get(key) is None:
                 got.release()  # deleted or expired while we read: never resurrect it
                 self.stats_counters["promotion_misses"] += 1
                 return False
+            # The copy records the chunk's expiry (the object listing cannot: after a restart
+            # the index may not know it); without any, the configured TTL applies.
+            expires_ms = got.expires_ms or e.expires_ms
+            if expires_ms and expires_ms != e.expires_ms:
+                self.index.add(key, tier, e.value_len, expires_ms=expires_ms)
+                self._spawn(self._sync_marker(key))
             try:
-                staged = await self._stage(key, [hdr, payload], e.expires_ms)
-                if staged and not self._wanted(key):  # deleted while staging
+                staged = await self._stage(key, [hdr, payload], expires_ms)
+                if staged and not self._current(key, gen):  # deleted while staging
                     await self.valkey.delete([key], timeout=self.timeout)
                     staged = False
                 if staged and tier == "s3" and self.nvme is not None and self.ts.promote_to_nvme and key not in self.nvme:
                     value = memoryview(bytes(hdr) + bytes(payload))
-                    ttl = max(0, e.expires_ms - int(time.time() * 1000)) if e.expires_ms else 0
-                    self._spawn(self._copy_down(key, value, ttl))
+                    ttl = max(1, expires_ms - int(time.time() * 1000)) if expires_ms else 0
+                    self._spawn(self._copy_down(key, value, ttl, gen))
             finally:
                 got.release()
             if not staged:
@@ -350,16 +432,18 @@ class TierManager:
 
     async def _stage(self, key: bytes, parts: Sequence[memoryview], expires_ms: int) -> bool:
         nbytes = sum(p.nbytes for p in parts)
-        ttl_s = None
+        ttl_s = self.settings.ttl_s
         if expires_ms:
             ttl_s = (expires_ms - time.time() * 1000) / 1000
             if ttl_s <= 0:
                 return False
         try:
+            # Never free memory inline (a SCAN + OBJECT IDLETIME per promotion): wake the one
+            # demotion pass and stage now; above maxmemory Valkey's own policy evicts.
             mem = await self._memory()
-            need = self.demotion.room_for(mem, nbytes)
-            if need:
-                await self._free(need, exclude=key)
+            if self.demotion.room_for(mem, nbytes):
+                self.stats_counters["demote_wakeups"] += 1
+                self._wake.set()
             await self.valkey.set(key, list(parts), ttl_s=ttl_s, timeout=self.timeout)
             if self._mem is not None:
                 self._mem = MemoryState(self._mem.used + nbytes, self._mem.maxmemory)
@@ -396,12 +480,13 @@ class TierManager:
         return out
 
     async def demote_once(self) -> int:
-        """One demotion pass. Returns the number of RAM copies removed."""
-        mem = await self._memory(max_age=0.0)
-        need = self.demotion.bytes_to_free(mem)
-        if not need and self.demotion.idle_s is None:
-            return 0
-        return await self._free(need, idle_only=not need)
+        """One demotion pass (single-flight). Returns the number of RAM copies removed."""
+        async with self._free_lock:
+            mem = await self._memory(max_age=0.0)
+            need = self.demotion.bytes_to_free(mem)
+            if not need and self.demotion.idle_s is None:
+                return 0
+            return await self._free(need, idle_only=not need)
 
     async def _free(self, need: int, *, exclude: bytes | None = None, idle_only: bool = False) -> int:
         freed = removed = 0
@@ -433,7 +518,8 @@ class TierManager:
         return removed
 
     async def repair_markers(self) -> int:
-        """Re-create markers that Valkey lost (eviction under allkeys-* policies, restart)."""
+        """Re-create markers that Valkey lost (eviction under allkeys-* policies, restart),
+        and remove markers of chunks no tier holds (a phantom prefix hit otherwise)."""
         keys = self.index.keys()
         restored = 0
         for i in range(0, len(keys), 1024):
@@ -443,15 +529,36 @@ class TierManager:
             await asyncio.gather(*(self._sync_marker(k) for k in missing))
             restored += len(missing)
         self.stats_counters["markers_restored"] += restored
+        stray: list[bytes] = []
+        async for mk in self.valkey.scan_iter(protocol.marker_pattern(self.key_prefix, self.tenant), 1000):
+            try:
+                k = data_of(mk)
+            except ValueError:
+                continue
+            if not self.index.tiers_of(k) and k not in self._copying:
+                stray.append(mk)
+        for i in range(0, len(stray), 1024):
+            batch = stray[i : i + 1024]
+            self.stats_counters["stale_markers_removed"] += await self.valkey.delete(batch, timeout=self.timeout)
+        for mk in stray:  # indexed meanwhile: put it back
+            if self.index.tiers_of(data_of(mk)):
+                await self._sync_marker(data_of(mk))
         return restored
 
     async def _demotion_loop(self) -> None:
         last_repair = time.monotonic()
         while True:
-            await asyncio.sleep(self.ts.demote_interval_s)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.ts.demote_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
             try:
                 await self.expire_once()
                 await self.demote_once()
+                if not self._listed:
+                    await self.rebuild_object_index()
+                await self.retry_deletes()
                 if time.monotonic() - last_repair >= self.ts.marker_repair_s:
                     last_repair = time.monotonic()
                     await self.repair_markers()
@@ -463,6 +570,8 @@ class TierManager:
                 log.exception("tiering: demotion pass failed")
 
     async def expire_once(self) -> int:
+        """Remove expired copies from every tier. Object deletes go to the background deleter:
+        a slow or dead object store never holds up demotion."""
         keys = self.index.expired_keys()
         if keys:
             await self._remove_lower(keys)
@@ -470,34 +579,131 @@ class TierManager:
         return len(keys)
 
     # --- delete / evict --------------------------------------------------------------------
-    async def delete(self, keys: Sequence[bytes]) -> int:
+    async def delete(self, keys: Sequence[bytes], *, timeout: float | None = None) -> int:
         """Coordinated delete: RAM value, marker, index entries and every lower-tier copy.
-        Queued or in-flight uploads of these keys are dropped/undone."""
+        Queued or in-flight uploads of these keys are dropped/undone. Bounded by ``timeout``
+        (default ``op_timeout_s``).
+
+        With an object tier, a delete intent is recorded in Valkey first; object DELETEs are
+        sent within the deadline where the store answers, else retried in the background
+        (also after a restart, which never indexes an object with a pending intent)."""
+        keys = list(keys)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._bump(keys)
         for k in keys:
-            self._tombstones[k] = None
-            self._tombstones.move_to_end(k)
             self.admission.forget(k)
             self._s3_pending.discard(k)
-        while len(self._tombstones) > _TOMBSTONES_MAX:
-            self._tombstones.popitem(last=False)
-        n = await self.valkey.delete([*keys, *(marker_of(k) for k in keys)], timeout=self.timeout)
-        await self._remove_lower(keys)
+        if self.s3 is not None and keys:
+            await self._record_intents(keys, deadline)
+        err: TransportError | None = None
+        n = 0
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            n, _ = await asyncio.gather(self.valkey.delete(keys, timeout=left),
+                                        self.valkey.delete([marker_of(k) for k in keys], timeout=left))
+        except TransportError as e:
+            err = e
+        # Again: a copy that read the generation while the DEL was in flight may have read
+        # the value before it went; it now carries a stale generation and is dropped.
+        self._bump(keys)
+        await self._remove_lower(keys, always_s3=True, wait_s=max(0.0, deadline - time.monotonic()))
         self.stats_counters["deleted"] += len(keys)
+        if err is not None:
+            raise err
         return n
 
-    async def _remove_lower(self, keys: Sequence[bytes], tiers: Sequence[str] = LOWER_TIERS) -> int:
+    def _bump(self, keys: Sequence[bytes]) -> None:
+        for k in keys:
+            self._tombstones[k] = next(self._gen_seq)
+            self._tombstones.move_to_end(k)
+        while len(self._tombstones) > _TOMBSTONES_MAX:
+            self._tombstones.popitem(last=False)
+
+    async def _record_intents(self, keys: Sequence[bytes], deadline: float) -> None:
+        now = int(time.time() * 1000)
+        args: list[Any] = [b"HSET", self._del_key]
+        for k in keys:
+            args += [k, now]
+        try:
+            await self.valkey.command(*args, key=self._del_key, timeout=max(0.001, deadline - time.monotonic()))
+            self._intents.update(keys)
+        except TransportError as e:
+            log.warning("tiering: delete intent not recorded (%s); a restart before the object store "
+                        "takes the delete may serve the chunk again", e)
+
+    async def _remove_lower(self, keys: Sequence[bytes], tiers: Sequence[str] = LOWER_TIERS, *,
+                            always_s3: bool = False, wait_s: float | None = 0.0) -> int:
+        """Remove ``keys``' copies from ``tiers``. NVMe files go now; object DELETEs are
+        handed to the deleter (``wait_s``: how long to wait for them; None: until done)."""
         removed = 0
+        doomed: list[bytes] = []
         for k in keys:
             had = set(self.index.tiers_of(k)) | {t for t in tiers if t in self.index._e.get(k, _NO).tiers}
             if "nvme" in tiers and self.nvme is not None and (await self.nvme.remove(k) or "nvme" in had):
                 removed += 1
-            if "s3" in tiers and self.s3 is not None and "s3" in had:
-                await self.s3.delete(k)
-                removed += 1
+            if "s3" in tiers and self.s3 is not None and ("s3" in had or always_s3 or k in self._s3_pending):
+                self._s3_doomed.add(k)
+                doomed.append(k)
+                if "s3" in had:
+                    removed += 1
             for t in tiers:
                 self.index.discard(k, t)
             await self._sync_marker(k)
+        self.stats_counters["s3_deletes_pending"] = len(self._s3_doomed)
+        if doomed:
+            tasks = [self._spawn(self._delete_object(k)) for k in doomed]
+            if wait_s is None or wait_s > 0:
+                await asyncio.wait(tasks, timeout=wait_s)
         return removed
+
+    async def _delete_object(self, key: bytes) -> bool:
+        """Send one pending object DELETE; True when done (the intent is then cleared)."""
+        if key not in self._s3_doomed:
+            return True
+        if self.s3 is None:
+            return False
+        try:
+            if not await self.s3.delete(key):
+                return False  # pinned by a read: the next pass retries
+        except TransportError as e:
+            log.debug("tiering: object delete of %r deferred: %s", key, e)
+            return False
+        self._s3_doomed.discard(key)
+        self.stats_counters["s3_deletes_pending"] = len(self._s3_doomed)
+        if key in self._intents:
+            try:
+                await self.valkey.command(b"HDEL", self._del_key, key, key=self._del_key, timeout=self.timeout)
+                self._intents.discard(key)
+            except TransportError as e:
+                log.debug("tiering: delete intent of %r not cleared: %s", key, e)
+        return True
+
+    async def retry_deletes(self) -> int:
+        """Background pass: pick up delete intents recorded in Valkey (by workers, or before a
+        restart), apply them to NVMe/index/markers, and resend pending object DELETEs while
+        the breaker lets requests through. Returns object deletes completed."""
+        recorded = await self._load_intents(quiet=True)
+        fresh = [k for k in recorded if k not in self._s3_doomed]
+        if fresh:
+            self._bump(fresh)
+            for k in fresh:
+                self._s3_pending.discard(k)
+            await self._remove_lower(fresh, always_s3=True, wait_s=0.0)
+        if self.s3 is None:  # no object tier: the local removal was all of it
+            done = list(self._intents)
+            if done:
+                try:
+                    await self.valkey.command(b"HDEL", self._del_key, *done, key=self._del_key, timeout=self.timeout)
+                    self._intents.difference_update(done)
+                except TransportError as e:
+                    log.debug("tiering: delete intents not cleared: %s", e)
+            return 0
+        ok = 0
+        for k in list(self._s3_doomed)[:_DELETE_BATCH]:
+            if self.s3.breaker.state == self.s3.breaker.OPEN:
+                break
+            ok += await self._delete_object(k)
+        return ok
 
     async def evict(self, tier: str, *, keys: Sequence[bytes] | None = None, prefix: bytes | None = None) -> int:
         """Remove copies from one tier only (``ram``, ``nvme`` or ``s3``), by keys or key prefix
@@ -516,7 +722,7 @@ class TierManager:
             n = await self.valkey.delete(list(keys), timeout=self.timeout) if keys else 0
             self.stats_counters["ram_evicted"] += n
             return n
-        return await self._remove_lower(list(keys), (tier,))
+        return await self._remove_lower(list(keys), (tier,), wait_s=self.timeout)
 
     # --- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -546,14 +752,21 @@ class TierManager:
                 continue
             if not r:
                 continue
-            self._spawn(self._handle(r[1]))
+            await self._serve_one(r[1])
             # Drain what is already queued without blocking (one round trip).
             try:
                 more = await self.valkey.command(b"LPOP", req, 128, key=req, timeout=self.timeout)
             except TransportError:
                 more = None
             for m in more or ():
-                self._spawn(self._handle(m))
+                await self._serve_one(m)
+
+    async def _serve_one(self, raw: bytes) -> None:
+        """Handle a request in the background; at most ``_SERVE_MAX`` at once (the request
+        list is not read meanwhile, so a burst waits in Valkey, not in tierd's memory)."""
+        await self._serve_sem.acquire()
+        t = self._spawn(self._handle(raw))
+        t.add_done_callback(lambda _t: self._serve_sem.release())
 
     async def _handle(self, raw: bytes) -> None:
         self.stats_counters["requests"] += 1
@@ -589,7 +802,7 @@ class TierManager:
             elif op == "drain":
                 result = await self.flush(float(msg.get("timeout_s", max(ttl, 0.001))))
             elif op == "delete":
-                result = await self.delete([bytes(k) for k in msg["keys"]])
+                result = await self.delete([bytes(k) for k in msg["keys"]], timeout=max(ttl, 0.001))
             else:
                 ok, result = False, f"unknown op {op!r}"
         except Exception as e:  # noqa: BLE001 - the reply carries it

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import fcntl
 import hashlib
 import logging
 import mmap
@@ -90,7 +91,9 @@ def _decode_prelude(block: memoryview) -> tuple[bytes, int, int, codec.Header]:
         raise CorruptChunk("truncated", "short prelude")
     header = codec.decode_header(block[: codec.HEADER_SIZE])
     magic, ver, klen, crc, vlen, exp = _REC.unpack_from(block, codec.HEADER_SIZE)
-    if magic != _REC_MAGIC or ver != _REC_VERSION or klen > _KEY_MAX:
+    if magic == _REC_MAGIC and ver != _REC_VERSION:
+        raise CorruptChunk("format", f"tier record version {ver}, expected {_REC_VERSION}")
+    if magic != _REC_MAGIC or klen > _KEY_MAX:
         raise CorruptChunk("foreign", "bad tier record")
     start = codec.HEADER_SIZE + _REC.size
     key = bytes(block[start : start + klen])
@@ -101,6 +104,14 @@ def _decode_prelude(block: memoryview) -> tuple[bytes, int, int, codec.Header]:
     if vlen != codec.HEADER_SIZE + header.payload_len:
         raise CorruptChunk("truncated", "tier record length disagrees with header")
     return key, vlen, exp, header
+
+
+LOCK_NAME = ".lmcv-nvme.lock"
+
+
+class NvmeDirInUse(RuntimeError):
+    """Another process (or tier) holds the directory: two indexes over one directory would
+    evict, overwrite and unlink each other's files."""
 
 
 class NvmeTier:
@@ -132,9 +143,11 @@ class NvmeTier:
         self.pins = Pins()
         self.buffers = BufferPool()
         self.on_evict = on_evict
+        self._lock_fd: int | None = None
         self.stats = {
             "writes": 0, "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "evicted": 0,
             "refused_budget": 0, "refused_enospc": 0, "write_errors": 0, "bytes_written": 0, "bytes_read": 0, "zero_copy_reads": 0,
+            "format_skipped": 0,
         }
 
     # --- paths ---------------------------------------------------------------------------
@@ -149,10 +162,12 @@ class NvmeTier:
     async def start(self) -> list[NvmeEntry]:
         """Create the directory, probe O_DIRECT, rebuild the index from file headers."""
         os.makedirs(self.root, exist_ok=True)
+        self._lock()
         self.direct = self.want_direct and await self._run(self._probe_direct)
         if self.want_direct and not self.direct:
             log.warning("nvme tier: %s refuses O_DIRECT; using buffered I/O (slower, page cache)", self.root)
-        entries, corrupt = await self._run(self._scan)
+        entries, corrupt, skipped = await self._run(self._scan)
+        self.stats["format_skipped"] += skipped
         for e in sorted(entries, key=lambda e: e.mtime):
             self._lru[e.key] = e
             self._used += e.disk_bytes
@@ -163,7 +178,27 @@ class NvmeTier:
         return entries
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        # wait for the file I/O in flight without blocking the event loop
+        await asyncio.to_thread(self._pool.shutdown, True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        """One tier per directory: take an exclusive flock, or fail loudly."""
+        path = os.path.join(self.root, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            raise NvmeDirInUse(
+                f"nvme_dir {self.root!r} is in use by another process (lock {path} held): give each "
+                f"tier manager (tierd or embedded worker) its own nvme_dir"
+            ) from e
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
 
     def _probe_direct(self) -> bool:
         if not O_DIRECT:
@@ -186,15 +221,17 @@ class NvmeTier:
             except OSError:
                 pass
 
-    def _scan(self) -> tuple[list[NvmeEntry], int]:
+    def _scan(self) -> tuple[list[NvmeEntry], int, int]:
         entries: list[NvmeEntry] = []
-        corrupt = 0
+        corrupt = skipped = 0
         buf = aligned_buffer(PRELUDE)
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
                 path = os.path.join(dirpath, name)
-                if ".tmp." in name or name.startswith(".probe."):
-                    _unlink(path)  # a write that never committed
+                if name == LOCK_NAME:
+                    continue
+                if ".tmp." in name or name.startswith(".probe.") or ".gone." in name:
+                    _unlink(path)  # a write that never committed, or a removal that did not finish
                     continue
                 try:
                     st = os.stat(path)
@@ -204,13 +241,23 @@ class NvmeTier:
                         raise CorruptChunk("foreign", "file name does not match its key")
                     if st.st_size < PRELUDE + vlen - codec.HEADER_SIZE:
                         raise CorruptChunk("truncated", "file shorter than its header says")
-                except (CorruptChunk, OSError) as e:
+                except CorruptChunk as e:
+                    if e.reason == "format":  # another format version (rolling upgrade): not ours to delete
+                        skipped += 1
+                        continue
+                    log.warning("nvme tier: removing unreadable chunk file %s (%s)", path, e)
+                    corrupt += 1
+                    _unlink(path)
+                    continue
+                except OSError as e:
                     log.warning("nvme tier: removing unreadable chunk file %s (%s)", path, e)
                     corrupt += 1
                     _unlink(path)
                     continue
                 entries.append(NvmeEntry(key, vlen, st.st_size, st.st_mtime, exp))
-        return entries, corrupt
+        if skipped:
+            log.warning("nvme tier: %d chunk file(s) of another format version left in place (not indexed)", skipped)
+        return entries, corrupt, skipped
 
     # --- queries ---------------------------------------------------------------------------
     def __contains__(self, key: bytes) -> bool:
@@ -488,6 +535,12 @@ class NvmeTier:
             self.buffers.release(scratch)
 
     def _corrupt(self, key: bytes, c: CorruptChunk) -> None:
+        if c.reason == "format":  # another format version: a miss; the file stays (not ours to delete)
+            self.stats["format_skipped"] += 1
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, "format")
+            self._forget(key)
+            return
         log.warning("nvme tier: corrupt chunk file %s (%s); removed", self.path_of(key), c)
         self.stats["corrupt"] += 1
         self.stats["misses"] += 1
@@ -495,6 +548,31 @@ class NvmeTier:
         self._drop(key, evicted=True)
 
     # --- remove ----------------------------------------------------------------------------
+    def _forget(self, key: bytes) -> None:
+        """Un-index a file without touching it."""
+        e = self._lru.pop(key, None)
+        if e is None:
+            return
+        self._used -= e.disk_bytes
+        self._usage()
+        if self.on_evict is not None:
+            self.on_evict(key)
+
+    def _doom(self, key: bytes) -> None:
+        """Remove a chunk's file. While a read holds it, the file is renamed to a unique name
+        at once (a newer copy written meanwhile keeps the real name) and unlinked at the last
+        unpin; otherwise it is unlinked now."""
+        path = self.path_of(key)
+        if self.pins.pinned(key):
+            doomed = f"{path}.gone.{os.urandom(4).hex()}"
+            try:
+                os.rename(path, doomed)  # open descriptors keep reading the old file
+            except FileNotFoundError:
+                return
+            self.pins.defer(key, lambda: _unlink(doomed))
+        else:
+            _unlink(path)
+
     def _drop(self, key: bytes, *, evicted: bool = False) -> None:
         e = self._lru.pop(key, None)
         if e is None:
@@ -502,22 +580,22 @@ class NvmeTier:
         self._used -= e.disk_bytes
         if evicted:
             self.stats["evicted"] += 1
-        path = self.path_of(key)
-        if not self.pins.defer(key, lambda: _unlink(path)):
-            _unlink(path)
+        self._doom(key)
         self._usage()
         if self.on_evict is not None:
             self.on_evict(key)
 
     async def remove(self, key: bytes) -> bool:
-        """Delete a chunk's file (deferred while a read holds it). True if it was present."""
+        """Delete a chunk's file (renamed now, unlinked when the reads holding it finish).
+        True if it was present."""
         present = key in self._lru
         e = self._lru.pop(key, None)
         if e is not None:
             self._used -= e.disk_bytes
-            path = self.path_of(key)
-            if not self.pins.defer(key, lambda: _unlink(path)):
-                await self._run(_unlink, path)
+            if self.pins.pinned(key):
+                self._doom(key)
+            else:
+                await self._run(_unlink, self.path_of(key))
             self._usage()
         return present
 

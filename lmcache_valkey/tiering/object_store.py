@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _READ_BLOCK = 1 << 20
-_PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_PRECONDITION = {"PreconditionFailed", "412"}  # 409 ConditionalRequestConflict: a race, retried
 _UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument"}
 
 
@@ -58,6 +58,39 @@ def _map_error(e: BaseException) -> TransportError:
         code = str(e.response.get("Error", {}).get("Code", ""))
         return TransportError(f"object store: {code}: {e}")
     return ConnectionLost(f"object store: {type(e).__name__}: {e}")
+
+
+class ObjectRejected(TransportError):
+    """The store refused the request for good (a 4xx other than 408/409/429): retrying
+    cannot help, and it says nothing about the store's health (not fed to the breaker)."""
+
+    cause = "rejected"
+
+
+_TRANSIENT_4XX = {408, 409, 429}
+
+
+def _status(e: ClientError) -> int:
+    try:
+        return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _permanent(e: BaseException) -> bool:
+    if not isinstance(e, ClientError):
+        return False
+    code = _code(e)
+    if code in {"RequestTimeout", "RequestTimeTooSkewed", "SlowDown", "Throttling", "ConditionalRequestConflict",
+                "OperationAborted", "InternalError", "ServiceUnavailable"}:
+        return False
+    st = _status(e)
+    if not st and code.isdigit():
+        st = int(code)
+    if not st and code in {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                           "EntityTooLarge", "MetadataTooLarge", "InvalidBucketName", "KeyTooLongError"}:
+        return True
+    return 400 <= st < 500 and st not in _TRANSIENT_4XX
 
 
 def _code(e: BaseException) -> str:
@@ -82,6 +115,7 @@ class _Item:
     value: memoryview
     expires_ms: int
     queued_at: float
+    gen: int = 0
 
 
 class ObjectTier:
@@ -91,8 +125,8 @@ class ObjectTier:
         self,
         ts: TieringSettings,
         *,
-        on_durable: Callable[[bytes, int, int], None] | None = None,
-        is_wanted: Callable[[bytes], bool] | None = None,
+        on_durable: Callable[[bytes, int, int, int], None] | None = None,
+        is_wanted: Callable[[bytes, int], bool] | None = None,
         on_gone: Callable[[bytes], None] | None = None,
     ) -> None:
         if not ts.s3_bucket:
@@ -101,7 +135,7 @@ class ObjectTier:
         self.bucket = ts.s3_bucket
         self.prefix = ts.s3_prefix.strip("/")
         self.on_durable = on_durable
-        self.is_wanted = is_wanted or (lambda key: True)
+        self.is_wanted = is_wanted or (lambda key, gen: True)
         self.on_gone = on_gone
         self.breaker = CircuitBreaker(ts.breaker_failures, ts.breaker_reset_s,
                                       on_change=lambda s: _metrics.set_breaker_state(self.tier, s))
@@ -109,6 +143,7 @@ class ObjectTier:
         self.buffers = BufferPool(256 << 20)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()  # bounded by backlog (queued + uploading)
         self._holding = 0  # items taken off the queue but not finished
+        self._bytes = 0  # value bytes queued or uploading (bounded by flush_queue_max_bytes)
         self._idle = asyncio.Event()
         self._idle.set()
         self._workers: list[asyncio.Task] = []
@@ -120,6 +155,7 @@ class ObjectTier:
             "enqueued": 0, "dropped": 0, "uploaded": 0, "upload_failures": 0, "retries": 0,
             "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "deleted": 0, "bytes_uploaded": 0,
             "bytes_read": 0, "breaker_rejections": 0, "conditional_exists": 0, "multipart": 0,
+            "rejected": 0, "gave_up": 0, "format_misses": 0,
         }
 
     # --- naming ----------------------------------------------------------------------------
@@ -186,10 +222,22 @@ class ObjectTier:
     def backlog(self) -> int:
         return self._queue.qsize() + self._holding
 
-    def enqueue(self, key: bytes, value: bytes | bytearray | memoryview, *, expires_ms: int = 0) -> bool:
-        """Queue a chunk value for upload. False (counted, logged) when the queue is full."""
-        if self.backlog < self.ts.flush_queue_max:
-            self._queue.put_nowait(_Item(key, memoryview(value).cast("B"), expires_ms, time.monotonic()))
+    @property
+    def backlog_bytes(self) -> int:
+        return self._bytes
+
+    def enqueue(self, key: bytes, value: bytes | bytearray | memoryview, *, expires_ms: int = 0, gen: int = 0) -> bool:
+        """Queue a chunk value for upload. False (counted, logged) when the queue is full
+        (``flush_queue_max`` chunks or ``flush_queue_max_bytes`` bytes).
+
+        ``gen``: the caller's generation of ``key``; ``is_wanted(key, gen)`` is asked before
+        and after the upload, so a delete (which changes the generation) drops or undoes it."""
+        mv = memoryview(value).cast("B")
+        if self.backlog < self.ts.flush_queue_max and (
+            self._bytes + mv.nbytes <= self.ts.flush_queue_max_bytes or not self.backlog
+        ):
+            self._bytes += mv.nbytes
+            self._queue.put_nowait(_Item(key, mv, expires_ms, time.monotonic(), gen))
         else:
             self.stats["dropped"] += 1
             _metrics.record_flush_drop(self.tier)
@@ -224,39 +272,68 @@ class ObjectTier:
                 await self._upload_item(item)
             finally:
                 self._holding -= 1
+                self._bytes -= item.value.nbytes
                 self._queue.task_done()
                 _metrics.set_flush_backlog(self.tier, self.backlog)
                 if not self.backlog:
                     self._idle.set()
 
     async def _upload_item(self, item: _Item) -> None:
+        """Upload one queued chunk. Transient failures are retried with backoff; a failure
+        while the breaker is closed counts against the item, which is dropped (counted) after
+        ``s3_max_retries`` retries; a failed half-open probe (the store looks down) does not
+        count: the item waits in the backlog. A permanent refusal (4xx) is dropped at once,
+        counted, and not fed to the breaker."""
         attempt = 0
         while True:
-            if not self.is_wanted(item.key):
+            if not self.is_wanted(item.key, item.gen):
                 return  # deleted while queued
             if not self.breaker.allow():
                 await asyncio.sleep(self.breaker.retry_in())
                 continue
+            probe = self.breaker.probing
             t0 = time.perf_counter()
             try:
                 await self.put(item.key, [item.value], expires_ms=item.expires_ms, _gated=True)
+            except ObjectRejected as e:
+                if probe:
+                    self.breaker.release_probe()
+                self.stats["rejected"] += 1
+                self._drop_item(item, "rejected", f"refused by the store ({e})")
+                return
             except TransportError as e:
                 self.breaker.failure()
-                attempt += 1
+                if not probe:
+                    attempt += 1
+                if attempt > self.ts.s3_max_retries:
+                    self.stats["gave_up"] += 1
+                    self._drop_item(item, "io", f"failed {attempt} times ({e})")
+                    return
                 self.stats["retries"] += 1
                 _metrics.record_error("flush", "io")
                 delay = min(2.0, 0.05 * (2 ** min(attempt, 6))) * (0.5 + random.random())
                 (log.warning if attempt == 1 else log.debug)("object tier: upload failed (%s); retrying", e)
                 await asyncio.sleep(delay)
                 continue
+            except BaseException:
+                if probe:
+                    self.breaker.release_probe()
+                raise
             self.breaker.success()
             _metrics.observe_latency("flush", self.tier, time.perf_counter() - t0)
-            if not self.is_wanted(item.key):  # deleted during upload: undo
-                await self._delete_quiet(item.key)
+            if not self.is_wanted(item.key, item.gen):  # deleted during upload: undo
+                with contextlib.suppress(TransportError):
+                    await self.delete_now(item.key)
                 return
             if self.on_durable is not None:
-                self.on_durable(item.key, item.value.nbytes, item.expires_ms)
+                self.on_durable(item.key, item.value.nbytes, item.expires_ms, item.gen)
             return
+
+    def _drop_item(self, item: _Item, cause: str, why: str) -> None:
+        self.stats["dropped"] += 1
+        _metrics.record_flush_drop(self.tier)
+        _metrics.record_error("flush", cause)
+        log.warning("object tier: upload of %s dropped: %s", self.object_key(item.key), why)
 
     # --- direct operations -----------------------------------------------------------------
     async def put(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
@@ -278,6 +355,9 @@ class ObjectTier:
         except ClientError as e:
             if _code(e) in _PRECONDITION:
                 self.stats["conditional_exists"] += 1
+            elif _permanent(e):
+                self.stats["upload_failures"] += 1
+                raise ObjectRejected(f"object store: {_code(e)}: {e}") from None
             else:
                 self._fail_direct(_gated)
                 raise _map_error(e) from None
@@ -367,68 +447,84 @@ class ObjectTier:
             self.stats["misses"] += 1
             _metrics.record_miss(self.tier, "connection")
             return None
+        probe = self.breaker.probing  # this read is the half-open probe
         self.stats["reads"] += 1
         okey = self.object_key(key)
         t0 = time.perf_counter()
         with self.pins.pin(key):
             try:
+                return await self._read_value(key, okey, value_len, t0)
+            finally:
+                if probe:  # a cancelled probe must not leave the breaker half-open for good
+                    self.breaker.release_probe()
+
+    async def _read_value(self, key: bytes, okey: str, value_len: int | None, t0: float) -> ChunkRead | None:
+        try:
+            if value_len is None:
+                value_len = await self.head(key)
                 if value_len is None:
-                    value_len = await self.head(key)
-                    if value_len is None:
-                        self.breaker.success()
-                        self.stats["misses"] += 1
-                        _metrics.record_miss(self.tier, "absent")
-                        self._gone(key)
-                        return None
-                buf = self.buffers.acquire(value_len)
-                try:
-                    meta: dict[str, str] = {}
-                    got = await self._get_ranges(okey, memoryview(buf)[:value_len], value_len, meta)
-                except BaseException:
-                    self.buffers.release(buf)
-                    raise
-            except _Absent:
-                self.breaker.success()
-                self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "absent")
-                self._gone(key)
-                return None
-            except TransportError as e:
-                self.breaker.failure()
-                self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, e.cause)
-                return None
-            self.breaker.success()
-            exp = _int_or_zero(meta.get("lmcv-exp"))
-            if exp and exp <= int(time.time() * 1000):  # expired (the listing could not tell)
-                self.buffers.release(buf)
-                self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "absent")
-                self.pins.defer(key, lambda: self._delete_quiet(key))
-                self._gone(key)
-                return None
-            mv = memoryview(buf)[:value_len]
+                    self.breaker.success()
+                    self.stats["misses"] += 1
+                    _metrics.record_miss(self.tier, "absent")
+                    self._gone(key)
+                    return None
+            buf = self.buffers.acquire(value_len)
             try:
-                if got != value_len:
-                    raise CorruptChunk("truncated", f"object of {got} bytes, expected {value_len}")
-                header = codec.decode_header(mv[: codec.HEADER_SIZE])
-                if header.payload_len != value_len - codec.HEADER_SIZE:
-                    raise CorruptChunk("truncated", "object length disagrees with its header")
-                if codec.crc32c(mv[codec.HEADER_SIZE :]) != header.payload_crc:
-                    raise CorruptChunk("crc", "payload checksum mismatch")
-            except CorruptChunk as c:
-                log.warning("object tier: corrupt object %s (%s); deleted", okey, c)
-                self.stats["corrupt"] += 1
+                meta: dict[str, str] = {}
+                got = await self._get_ranges(okey, memoryview(buf)[:value_len], value_len, meta)
+            except BaseException:
+                self.buffers.release(buf)
+                raise
+        except _Absent:
+            self.breaker.success()
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, "absent")
+            self._gone(key)
+            return None
+        except TransportError as e:
+            self.breaker.failure()
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, e.cause)
+            return None
+        self.breaker.success()
+        exp = _int_or_zero(meta.get("lmcv-exp"))
+        if exp and exp <= int(time.time() * 1000):  # expired (the listing could not tell)
+            self.buffers.release(buf)
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, "absent")
+            self.pins.defer(key, lambda: self._delete_quiet(key))
+            self._gone(key)
+            return None
+        mv = memoryview(buf)[:value_len]
+        try:
+            if got != value_len:
+                raise CorruptChunk("truncated", f"object of {got} bytes, expected {value_len}")
+            header = codec.decode_header(mv[: codec.HEADER_SIZE])
+            if header.payload_len != value_len - codec.HEADER_SIZE:
+                raise CorruptChunk("truncated", "object length disagrees with its header")
+            if codec.crc32c(mv[codec.HEADER_SIZE :]) != header.payload_crc:
+                raise CorruptChunk("crc", "payload checksum mismatch")
+        except CorruptChunk as c:
+            if c.reason == "format":  # another format version (rolling upgrade): a miss, not ours to delete
+                self.stats["format_misses"] += 1
                 self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, c.reason)
-                self.pins.defer(key, lambda: self._delete_quiet(key))
+                _metrics.record_miss(self.tier, "format")
                 self._gone(key)
                 self.buffers.release(buf)
                 return None
+            log.warning("object tier: corrupt object %s (%s); deleted", okey, c)
+            self.stats["corrupt"] += 1
+            self.stats["misses"] += 1
+            _metrics.record_miss(self.tier, c.reason)
+            self.pins.defer(key, lambda: self._delete_quiet(key))
+            self._gone(key)
+            self.buffers.release(buf)
+            return None
         self.stats["hits"] += 1
         self.stats["bytes_read"] += value_len
         _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
-        return ChunkRead(mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :], lambda: self.buffers.release(buf))
+        return ChunkRead(mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :], lambda: self.buffers.release(buf),
+                         expires_ms=exp)
 
     def _gone(self, key: bytes) -> None:
         if self.on_gone is not None:
@@ -487,10 +583,41 @@ class ObjectTier:
         counts = await asyncio.gather(*(one(s, e) for s, e in ranges))
         return sum(counts)
 
-    async def delete(self, key: bytes) -> None:
-        """Delete the object (deferred while a read holds it)."""
-        if not self.pins.defer(key, lambda: self._delete_quiet(key)):
-            await self._delete_quiet(key)
+    async def delete(self, key: bytes) -> bool:
+        """Delete the object now (True), or defer it while a read holds it (False: the
+        caller retries later). Raises TransportError (breaker open, store failing)."""
+        if self.pins.pinned(key):
+            self.pins.defer(key, lambda: self._delete_quiet(key))
+            return False
+        await self.delete_now(key)
+        return True
+
+    async def delete_now(self, key: bytes) -> None:
+        """DELETE the object (idempotent: absent is success), gated by the breaker."""
+        if not self.breaker.allow():
+            self.stats["breaker_rejections"] += 1
+            raise ConnectionLost("object store: circuit breaker open")
+        probe = self.breaker.probing
+        try:
+            async with self._sem:
+                await self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+        except ClientError as e:
+            if _code(e) not in _MISSING:
+                if _permanent(e):
+                    if probe:
+                        self.breaker.release_probe()
+                    raise ObjectRejected(f"object store: {_code(e)}: {e}") from None
+                self.breaker.failure()
+                raise _map_error(e) from None
+        except asyncio.CancelledError:
+            if probe:
+                self.breaker.release_probe()
+            raise
+        except Exception as e:  # noqa: BLE001 - aiohttp/botocore errors, mapped
+            self.breaker.failure()
+            raise _map_error(e) from None
+        self.breaker.success()
+        self.stats["deleted"] += 1
 
     async def _delete_quiet(self, key: bytes) -> None:
         try:

@@ -83,34 +83,72 @@ class Demotion:
 
 
 class CostModel:
-    """Expected retrieval time per tier: latency + bytes / bandwidth, both EWMA-measured.
+    """Expected retrieval time per tier: latency + bytes * seconds-per-byte, both EWMA-measured.
 
     A tier whose expected time exceeds the recompute budget (or what is left of the
     caller's deadline) is skipped: a slow hit must never cost more than recompute.
+
+    - Seconds per byte (not bytes per second) is averaged, so one slow read weighs as much
+      as it costs (averaging bandwidth underweights slow reads).
+    - Without a measured first-byte latency, each sample is split against the current
+      estimates (``seconds - nbytes * spb`` for the latency, the rest for the transfer), so
+      both can rise and fall.
+    - A skipped tier is never read, so it could never be re-measured: every
+      ``probe_interval_s`` one read is allowed anyway (a probe), and failed or timed-out
+      reads are observed as well (:meth:`failure`).
     """
 
-    def __init__(self, alpha: float = 0.2, prior: dict[str, tuple[float, float]] | None = None) -> None:
+    def __init__(self, alpha: float = 0.2, prior: dict[str, tuple[float, float]] | None = None, *,
+                 probe_interval_s: float = 30.0, clock: Clock = time.monotonic) -> None:
         self.alpha = alpha
-        # tier -> (latency s, bandwidth B/s); optimistic priors until measured.
-        self._est: dict[str, tuple[float, float]] = dict(prior or {"nvme": (0.0005, 1.0e9), "s3": (0.02, 2.0e8)})
+        self.probe_interval_s = probe_interval_s
+        self._clock = clock
+        # tier -> (latency s, seconds per byte); optimistic priors until measured.
+        prior = prior or {"nvme": (0.0005, 1.0e9), "s3": (0.02, 2.0e8)}
+        self._est: dict[str, tuple[float, float]] = {t: (lat, 1.0 / max(bw, 1.0)) for t, (lat, bw) in prior.items()}
+        self._last_try: dict[str, float] = {}
+        self.probes = 0
 
     def observe(self, tier: str, nbytes: int, seconds: float, *, latency_s: float | None = None) -> None:
-        lat0, bw0 = self._est.get(tier, (0.0, 1.0e9))
-        lat = latency_s if latency_s is not None else min(seconds, lat0 if lat0 else seconds)
-        transfer = max(seconds - lat, 1e-6)
-        bw = nbytes / transfer if nbytes > 0 else bw0
+        lat0, spb0 = self._est.get(tier, (0.0, 1.0e-9))
+        seconds = max(0.0, seconds)
+        if latency_s is not None:
+            lat = latency_s
+            spb = max(seconds - lat, 0.0) / nbytes if nbytes > 0 else spb0
+        elif nbytes <= 0:
+            lat, spb = seconds, spb0
+        else:
+            lat = max(0.0, seconds - nbytes * spb0)
+            spb = max(seconds - lat0, 0.0) / nbytes
         a = self.alpha
-        self._est[tier] = ((1 - a) * lat0 + a * lat, (1 - a) * bw0 + a * bw)
+        self._est[tier] = ((1 - a) * lat0 + a * lat, (1 - a) * spb0 + a * spb)
+        self._last_try[tier] = self._clock()
+
+    def failure(self, tier: str, nbytes: int, seconds: float) -> None:
+        """A read that failed or timed out after ``seconds``: counts as at least that slow."""
+        if seconds > self.expected(tier, nbytes):
+            self.observe(tier, nbytes, seconds)
+        else:
+            self._last_try[tier] = self._clock()
 
     def expected(self, tier: str, nbytes: int) -> float:
-        lat, bw = self._est.get(tier, (0.0, 1.0e9))
-        return lat + nbytes / max(bw, 1.0)
+        lat, spb = self._est.get(tier, (0.0, 1.0e-9))
+        return lat + nbytes * spb
 
     def affordable(self, tier: str, nbytes: int, budget_s: float) -> bool:
-        return self.expected(tier, nbytes) <= budget_s
+        if self.expected(tier, nbytes) <= budget_s:
+            return True
+        now = self._clock()
+        last = self._last_try.setdefault(tier, now)
+        if budget_s > 0 and now - last >= self.probe_interval_s:
+            self._last_try[tier] = now  # one probe read re-measures the tier
+            self.probes += 1
+            return True
+        return False
 
     def snapshot(self) -> dict[str, dict[str, float]]:
-        return {t: {"latency_s": lat, "bandwidth_Bps": bw} for t, (lat, bw) in self._est.items()}
+        return {t: {"latency_s": lat, "bandwidth_Bps": 1.0 / spb if spb > 0 else float("inf")}
+                for t, (lat, spb) in self._est.items()}
 
 
 class CircuitBreaker:
@@ -157,6 +195,16 @@ class CircuitBreaker:
         if self._state != self.OPEN:
             return 0.05
         return max(0.0, self.reset_s - (self._clock() - self._opened_at)) + 0.01
+
+    @property
+    def probing(self) -> bool:
+        """A half-open probe is in flight (the caller that just got ``allow()`` owns it)."""
+        return self._probing
+
+    def release_probe(self) -> None:
+        """The probe ended without a verdict (cancelled, or a refusal that says nothing
+        about the store's health): let the next request probe."""
+        self._probing = False
 
     def success(self) -> None:
         self._consecutive = 0

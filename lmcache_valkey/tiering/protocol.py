@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 
 REPLY_TTL_MS = 60_000
+REQUEST_MAX = 100_000  # requests kept in the list while tierd is down (oldest trimmed)
 OPS = ("promote", "hint", "stats", "evict", "drain", "delete")
 
 
@@ -28,6 +29,17 @@ def request_key(key_prefix: str, tenant: str) -> bytes:
 
 def reply_key(key_prefix: str, tenant: str, worker_id: str) -> bytes:
     return f"{key_prefix}:{tenant}:_tierd:rep:{worker_id}".encode()
+
+
+def delete_key(key_prefix: str, tenant: str) -> bytes:
+    """Hash of delete intents (data key -> Unix ms): written before any copy is removed, so a
+    delete the object store could not take yet survives a restart of tierd or the worker."""
+    return f"{key_prefix}:{tenant}:_tierd:del".encode()
+
+
+def marker_pattern(key_prefix: str, tenant: str) -> bytes:
+    """SCAN pattern for every tier marker of the tenant (all namespaces)."""
+    return f"{key_prefix}:{tenant}:*:t:{{*}}".encode()
 
 
 def data_pattern(key_prefix: str, tenant: str) -> bytes:

@@ -42,6 +42,7 @@ class TieringSettings:
     s3_max_retries: int = 3
     s3_timeout_s: float = 30.0
     flush_queue_max: int = 1024  # chunks waiting for write-behind to the object tier
+    flush_queue_max_bytes: int = 2 << 30  # and their bytes (one chunk larger than this still goes alone)
     # Policies.
     admission: str = "second_touch"
     admission_min_touches: int = 2  # used by "frequency" (second_touch == 2)
@@ -199,6 +200,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "s3_max_retries": _int(0, 20),
     "s3_timeout_s": _float(0.0),
     "flush_queue_max": _int(1, 1 << 24),
+    "flush_queue_max_bytes": _size,
     "admission": _choice(ADMISSIONS),
     "admission_min_touches": _int(1, 1000),
     "admission_window": _int(16, 1 << 26),

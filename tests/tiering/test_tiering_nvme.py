@@ -152,3 +152,42 @@ def test_disk_full_refused_and_counted(tmp_path) -> None:
         asyncio.run(main())
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_second_tier_on_the_same_directory_fails_loudly(nvme_dir: str) -> None:
+    from lmcache_valkey.tiering.nvme import NvmeDirInUse
+
+    async def main() -> None:
+        a = NvmeTier(nvme_dir, 1 << 30)
+        await a.start()
+        b = NvmeTier(nvme_dir, 1 << 30)
+        try:
+            with pytest.raises(NvmeDirInUse, match=nvme_dir):
+                await b.start()
+        finally:
+            await a.close()
+        c = NvmeTier(nvme_dir, 1 << 30)  # free again once the holder closed
+        await c.start()
+        await c.close()
+
+    asyncio.run(main())
+
+
+def test_removal_deferred_by_a_read_never_destroys_a_newer_copy(nvme_dir: str) -> None:
+    async def main() -> None:
+        t = NvmeTier(nvme_dir, 1 << 30)
+        await t.start()
+        try:
+            key, value = chunk(1, 10_000)
+            assert await t.write(key, [value])
+            with t.pins.pin(key):  # a read holds the old copy
+                assert await t.remove(key)
+                assert await t.write(key, [value])  # a newer copy under the same name
+            assert os.path.exists(t.path_of(key))  # the deferred removal took only the old file
+            got = await t.read_value(key)
+            assert got is not None and bytes(got.header) + bytes(got.payload) == value
+            got.release()
+        finally:
+            await t.close()
+
+    asyncio.run(main())

@@ -95,6 +95,64 @@ def test_cost_model() -> None:
     assert c.expected("nvme", 10**8) == pytest.approx(1.0, rel=1e-3)
 
 
+def test_cost_model_recovers_after_a_brownout() -> None:
+    """A tier skipped as too slow is never read, so it must be probed to be re-measured."""
+    now = [0.0]
+    c = CostModel(probe_interval_s=30.0, clock=lambda: now[0])
+    n = 0
+    while c.affordable("s3", 4 << 20, 2.0) and n < 1000:
+        c.observe("s3", 4 << 20, 3.0)  # brownout: every read takes 3 s
+        n += 1
+    assert n < 1000 and not c.affordable("s3", 4 << 20, 2.0)
+    now[0] += 31.0
+    assert c.affordable("s3", 4 << 20, 2.0) and c.probes == 1  # one probe read ...
+    assert not c.affordable("s3", 4 << 20, 2.0)  # ... not a stream of them
+    for _ in range(30):  # the store recovered: the probes measure it
+        now[0] += 31.0
+        if c.affordable("s3", 4 << 20, 2.0):
+            c.observe("s3", 4 << 20, 0.05)
+    assert c.affordable("s3", 4 << 20, 2.0)
+    assert not c.affordable("s3", 4 << 20, 0.0)  # no budget left: never a probe
+
+
+def test_cost_model_latency_rises_and_slow_reads_weigh_what_they_cost() -> None:
+    c = CostModel(probe_interval_s=1e9)
+    for _ in range(50):
+        c.observe("s3", 64 << 10, 0.5)  # small objects, latency-bound slowness
+    # the estimate follows (the old one could never raise its latency: min(seconds, lat0))
+    assert c.expected("s3", 64 << 10) > 0.4 and c.snapshot()["s3"]["latency_s"] > 0.1
+    c2 = CostModel(alpha=0.5, prior={"s3": (0.0, 1e9)}, probe_interval_s=1e9)
+    c2.observe("s3", 10**8, 0.1, latency_s=0.0)  # 1 GB/s
+    c2.observe("s3", 10**8, 10.0, latency_s=0.0)  # 10 MB/s
+    # averaging seconds per byte: ~5 s per 100 MB (averaging bandwidth would say ~0.2 s)
+    assert c2.expected("s3", 10**8) > 2.0
+    c3 = CostModel(prior={"s3": (0.02, 2e8)}, probe_interval_s=1e9)
+    c3.failure("s3", 1 << 20, 30.0)  # a read that timed out after 30 s counts
+    assert c3.expected("s3", 1 << 20) > 1.0
+
+
+def test_breaker_probe_released_and_error_classes() -> None:
+    from botocore.exceptions import ClientError
+
+    from lmcache_valkey.tiering.object_store import _PRECONDITION, _permanent
+
+    now = [0.0]
+    b = CircuitBreaker(1, 1.0, clock=lambda: now[0])
+    b.failure()
+    now[0] = 2.0
+    assert b.allow() and b.probing and not b.allow()
+    b.release_probe()  # the probe was cancelled: no verdict
+    assert b.state == "half_open" and b.allow()
+
+    def err(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    assert _permanent(err("AccessDenied", 403)) and _permanent(err("NoSuchBucket", 404))
+    assert not _permanent(err("SlowDown", 503)) and not _permanent(err("InternalError", 500))
+    assert not _permanent(err("RequestTimeout", 400)) and not _permanent(err("ConditionalRequestConflict", 409))
+    assert "409" not in _PRECONDITION and "ConditionalRequestConflict" not in _PRECONDITION  # a race: retried
+
+
 def test_keys_markers_index_and_pins() -> None:
     k = b"lmcv:t1:abcd:c:{0011}"
     assert marker_of(k) == b"lmcv:t1:abcd:t:{0011}" and data_of(marker_of(k)) == k

@@ -48,6 +48,59 @@ class MotoS3:
             self.server = None
 
 
+class StallProxy:
+    """A TCP proxy in front of moto (same event loop as the test): ``stall = True`` makes the
+    object store a black hole (connections accepted, nothing answered) without refusing
+    connections, which is what a dead or overloaded store looks like."""
+
+    def __init__(self, target_port: int) -> None:
+        import asyncio
+
+        self.target_port = target_port
+        self.stall = False
+        self._server: Any = None
+        self._tasks: set[Any] = set()
+        self._asyncio = asyncio
+
+    async def start(self) -> str:
+        self._server = await self._asyncio.start_server(self._conn, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _conn(self, r, w) -> None:
+        asyncio = self._asyncio
+        try:
+            ur, uw = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            w.close()
+            return
+
+        async def pump(src, dst) -> None:
+            try:
+                while True:
+                    data = await src.read(1 << 16)
+                    if not data:
+                        break
+                    while self.stall:
+                        await asyncio.sleep(0.05)
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        ts = [asyncio.ensure_future(pump(r, uw)), asyncio.ensure_future(pump(ur, w))]
+        self._tasks.update(ts)
+        await asyncio.gather(*ts, return_exceptions=True)
+        self._tasks.difference_update(ts)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._server is not None:
+            self._server.close()
+
+
 @pytest.fixture
 def moto_s3(monkeypatch) -> Iterator[MotoS3]:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -115,4 +168,4 @@ async def ram_get(client, key: bytes, size: int) -> bytes | None:
     return bytes(buf)
 
 
-__all__ = ["NS", "chunk", "tiering", "resp_client", "ram_get", "MAXMEMORY", "replace"]
+__all__ = ["StallProxy", "NS", "chunk", "tiering", "resp_client", "ram_get", "MAXMEMORY", "replace"]

@@ -1,0 +1,472 @@
+"""Faults found in review (docs/tiering-*.md): deletes while the object store is down or
+slow, late hints, expiry after restart, failing uploads, memory pressure, service-mode
+deletes, stale markers, other format versions, a shared NVMe directory. Real Valkey, real
+O_DIRECT directory, moto S3 (through a proxy that can stall it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from tierhelp import NS, StallProxy, chunk, ram_get, resp_client, tiering
+
+from lmcache_valkey import codec
+from lmcache_valkey.tiering import TierClient, TierManager, protocol
+from lmcache_valkey.tiering.index import marker_of
+from lmcache_valkey.tiering.object_store import ObjectTier
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _bucket(ts) -> None:
+    o = ObjectTier(ts)
+    await o.start()
+    await o.create_bucket()
+    await o.close()
+
+
+async def _manager(valkey, ts, client=None, *, create_bucket=True, background=False):
+    client = client or await resp_client(valkey)
+    if create_bucket and ts.s3_bucket:
+        await _bucket(ts)
+    m = TierManager(client.settings, ts, client)
+    await m.start(background=background)
+    return m, client
+
+
+async def _until(pred, timeout: float = 20.0) -> None:
+    """Poll a condition (the bound only stops a hung test)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        if loop.time() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def _put_tiered(m, client, key, value, ttl_s=None) -> None:
+    await client.set(key, [value], ttl_s=ttl_s, timeout=5.0)
+    m.note_put(key, len(value))
+    assert await m.flush(20.0)
+
+
+def _s3(moto_s3, **kw):
+    return tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url, **kw)
+
+
+# --- 1, 7: deletes while the object store is down or black-holed ----------------------------
+def test_delete_while_s3_down_is_never_served_after_restart(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        ts = _s3(moto_s3)
+        m, client = await _manager(small_valkey, ts)
+        key, value = chunk(14, 20_000)
+        keep, kvalue = chunk(15, 20_000)
+        await _put_tiered(m, client, key, value)
+        await _put_tiered(m, client, keep, kvalue)
+        moto_s3.stop()
+        await m.delete([key])
+        assert key not in m.index and m.stats()["manager"]["s3_deletes_pending"] == 1
+        await m.close()
+        moto_s3.start()
+        m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
+        try:
+            assert key not in m2.index and keep in m2.index  # the recorded intent wins over the listing
+            assert not await m2.promote(key, timeout=5.0)
+            assert await m2.retry_deletes() == 1  # the background deleter finishes the job
+            assert await m2.s3.head(key) is None and await m2.s3.head(keep) is not None
+            assert await client.command(b"HLEN", protocol.delete_key("lmcv", "t1"), timeout=5.0) == 0
+        finally:
+            await m2.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_listing_that_fails_at_start_is_retried(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        ts = _s3(moto_s3)
+        m, client = await _manager(small_valkey, ts)
+        key, value = chunk(16, 20_000)
+        await _put_tiered(m, client, key, value)
+        await m.close()
+        await client.command(b"FLUSHALL", timeout=5.0)
+        moto_s3.stop()
+        m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
+        try:
+            assert key not in m2.index  # listing failed
+            moto_s3.start()
+            assert await m2.rebuild_object_index()
+            assert m2.index.tiers_of(key) == ["s3"]
+            await m2.delete([key])  # an S3 DELETE goes out whatever the index said before
+            assert await m2.s3.head(key) is None
+        finally:
+            await m2.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_black_holed_object_store_does_not_hold_up_delete_or_expiry(small_valkey, nvme_dir, moto_s3) -> None:
+    async def main() -> None:
+        proxy = StallProxy(moto_s3.port)
+        url = await proxy.start()
+        ts = tiering(nvme_dir=nvme_dir, s3_bucket=moto_s3.bucket, s3_endpoint_url=url, s3_timeout_s=60.0)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            (k1, v1), (k2, v2) = chunk(1, 20_000), chunk(2, 20_000)
+            await _put_tiered(m, client, k1, v1)
+            await _put_tiered(m, client, k2, v2, ttl_s=0.3)
+            proxy.stall = True
+            # bounded by its own deadline, not by the store's 60 s timeout
+            await asyncio.wait_for(m.delete([k1], timeout=0.3), 20)
+            assert await client.exists_many([k1, marker_of(k1)], timeout=5.0) == [False, False]
+            assert k1 not in m.index and k1 not in m.nvme and k1 in m._s3_doomed
+            await _until(lambda: m.index.get(k2) is None)
+            assert await asyncio.wait_for(m.expire_once(), 20) == 1  # hands the object delete over
+            assert k2 not in m.nvme and k2 in m._s3_doomed
+            proxy.stall = False
+            await _until(lambda: not m._tasks, 60)
+            await m.retry_deletes()
+            assert not m._s3_doomed and await m.s3.head(k1) is None and await m.s3.head(k2) is None
+        finally:
+            proxy.stall = False
+            await m.close()
+            await client.close()
+            await proxy.close()
+
+    asyncio.run(main())
+
+
+# --- 2: a late put hint -----------------------------------------------------------------------
+def test_late_put_hint_never_resurrects_a_deleted_chunk(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        m, client = await _manager(small_valkey, _s3(moto_s3))
+        try:
+            key, value = chunk(13, 20_000)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            moto_s3.stop()  # the upload stays queued
+            m.note_put(key, len(value))
+            await _until(lambda: key in m._s3_pending)
+            await m.delete([key])
+            m.note_put(key, len(value))  # a hint batched before the delete arrives after it
+            moto_s3.start()
+            assert await m.flush(30.0)
+            await _until(lambda: not m._tasks)
+            assert key not in m.index and not await m.promote(key, timeout=5.0)
+            assert await m.s3.head(key) is None
+            assert await client.exists_many([marker_of(key)], timeout=5.0) == [False]
+            # a real put after the delete is tiered again
+            await _put_tiered(m, client, key, value)
+            assert m.index.tiers_of(key) == ["s3"]
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 3: expiry of object copies after a restart ------------------------------------------------
+def test_object_copy_keeps_its_expiry_after_restart(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        ts = _s3(moto_s3)
+        m, client = await _manager(small_valkey, ts)
+        key, value = chunk(12, 20_000)
+        await _put_tiered(m, client, key, value, ttl_s=30.0)
+        await m.close()
+        await client.delete([key], timeout=5.0)
+        m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
+        try:
+            assert await m2.promote(key, timeout=5.0)
+            pttl = await client.command(b"PTTL", key, key=key, timeout=5.0)
+            assert 0 < pttl <= 30_000  # staged with the chunk's remaining TTL, not forever
+            assert 0 < m2.index.get(key).expires_ms
+            await _until(lambda: not m2._tasks)
+            assert 0 < await client.command(b"PTTL", marker_of(key), key=marker_of(key), timeout=5.0) <= 30_000
+        finally:
+            await m2.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 4: failing uploads ----------------------------------------------------------------------
+def test_permanently_refused_upload_is_dropped_and_not_fed_to_the_breaker(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        ts = tiering(s3_bucket="lmcv-no-such-bucket", s3_endpoint_url=moto_s3.url, breaker_failures=1)
+        m, client = await _manager(small_valkey, ts, create_bucket=False)
+        try:
+            key, value = chunk(1, 20_000)
+            await _put_tiered(m, client, key, value)  # NoSuchBucket (404): flush returns
+            st = m.s3.stats
+            assert st["rejected"] == 1 and st["dropped"] == 1 and st["retries"] == 0
+            assert m.s3.breaker.state == "closed" and key not in m.index
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_upload_that_keeps_failing_gives_up_after_max_retries(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        from botocore.exceptions import ClientError
+
+        m, client = await _manager(small_valkey, _s3(moto_s3, s3_max_retries=2, breaker_failures=50))
+        bad, vbad = chunk(1, 20_000)
+        good, vgood = chunk(2, 20_000)
+        real = m.s3._client.put_object
+
+        async def flaky(**kw):
+            if kw["Key"] == m.s3.object_key(bad):
+                raise ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 500}},
+                                  "PutObject")
+            return await real(**kw)
+
+        m.s3._client.put_object = flaky
+        try:
+            for k, v in ((bad, vbad), (good, vgood)):
+                await client.set(k, [v], ttl_s=None, timeout=5.0)
+                m.note_put(k, len(v))
+            assert await m.flush(30.0)  # not wedged
+            st = m.s3.stats
+            assert st["gave_up"] == 1 and st["retries"] == 2 and st["dropped"] == 1
+            assert m.index.tiers_of(good) == ["s3"] and bad not in m.index
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 6: promotion under memory pressure ------------------------------------------------------
+def test_promotion_under_memory_pressure_never_scans_inline(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, demote_high_watermark=0.02, demote_low_watermark=0.01)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            items = [chunk(i, 100_000) for i in range(6)]
+            for k, v in items:
+                await _put_tiered(m, client, k, v)
+            scans = 0
+            real = m._candidates
+
+            async def counted():
+                nonlocal scans
+                scans += 1
+                return await real()
+
+            m._candidates = counted
+            key, value = items[0]
+            await m.evict("ram", keys=[key])
+            assert await m.promote(key, timeout=10.0)
+            assert scans == 0 and m.stats()["manager"]["demote_wakeups"] == 1 and m._wake.is_set()
+            assert await ram_get(client, key, len(value)) == value
+            await m.demote_once()  # the demotion pass does the freeing, once
+            assert scans == 1 and m.stats()["manager"]["demoted"] > 0
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 8, 9a: service mode without tierd --------------------------------------------------------
+def test_store_delete_removes_ram_and_marker_without_tierd(small_valkey) -> None:
+    async def main() -> None:
+        from dataclasses import replace
+
+        from lmcache_valkey.store import ChunkStore
+
+        client = await resp_client(small_valkey)
+        settings = replace(client.settings, op_timeout_s=0.5)
+        tc = TierClient.remote(client, settings)
+        store = ChunkStore(settings, NS, client, tiers=tc)
+        try:
+            key, value = chunk(3, 10_000)
+            await client.set(key, [value], ttl_s=None, timeout=5.0)
+            await client.command(b"SET", marker_of(key), b"n", key=marker_of(key), timeout=5.0)
+            assert await store.delete([f"{3:032x}"]) == 1  # nobody serves the request list
+            assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
+            # the intent waits in Valkey for tierd
+            assert await client.command(b"HEXISTS", protocol.delete_key("lmcv", "t1"), key, timeout=5.0) == 1
+        finally:
+            await tc.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_request_list_is_bounded_while_tierd_is_down(small_valkey, monkeypatch) -> None:
+    monkeypatch.setattr(protocol, "REQUEST_MAX", 5)
+
+    async def main() -> None:
+        client = await resp_client(small_valkey)
+        tc = TierClient.remote(client, client.settings)
+        try:
+            for i in range(12):
+                await tc.note_hit(chunk(i, 1000)[0])
+                await tc.flush_hints()
+            req = protocol.request_key("lmcv", "t1")
+            assert await client.command(b"LLEN", req, key=req, timeout=5.0) == 5
+            assert tc.stats["requests_trimmed"] == 7
+        finally:
+            await tc.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 9b, 9c: bounded request handling, byte-bounded write-behind ------------------------------
+def test_requests_handled_at_most_serve_max_at_once(small_valkey, nvme_dir, monkeypatch) -> None:
+    from lmcache_valkey.tiering import manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "_SERVE_MAX", 4)
+
+    async def main() -> None:
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir, request_block_s=0.1))
+        running = peak = 0
+        real = m._handle
+
+        async def slow(raw):
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.05)
+            running -= 1
+            await real(raw)
+
+        m._handle = slow
+        req = protocol.request_key("lmcv", "t1")
+        for i in range(20):
+            await client.command(b"RPUSH", req, protocol.pack({"op": "hint", "hit": [chunk(i, 100)[0]]}), key=req,
+                                 timeout=5.0)
+        stop = asyncio.Event()
+        serve = asyncio.create_task(m.serve_requests(stop))
+        try:
+            await _until(lambda: m.stats_counters["requests"] == 20)
+            assert peak == 4
+        finally:
+            stop.set()
+            await asyncio.wait_for(serve, 10)
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_write_behind_queue_is_bounded_in_bytes(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        m, client = await _manager(small_valkey, _s3(moto_s3, flush_queue_max_bytes=100_000))
+        try:
+            moto_s3.stop()
+            items = [chunk(i, 40_000) for i in range(5)]
+            for k, v in items:
+                await client.set(k, [v], ttl_s=None, timeout=5.0)
+                m.note_put(k, len(v))
+            await _until(lambda: not m._copying)
+            assert m.s3.backlog == 2 and m.s3.backlog_bytes <= 100_000 and m.s3.stats["dropped"] == 3
+            moto_s3.start()
+            assert await m.flush(30.0) and m.s3.backlog_bytes == 0
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 10: stale markers ------------------------------------------------------------------------
+def test_marker_write_racing_a_delete_and_stray_markers_are_removed(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        try:
+            key, value = chunk(1, 10_000)
+            await _put_tiered(m, client, key, value)
+            t = asyncio.create_task(m._sync_marker(key))
+            await asyncio.sleep(0)  # its SET is on the wire
+            m.index.remove(key)  # ... when the chunk goes
+            await t
+            assert await client.exists_many([marker_of(key)], timeout=5.0) == [False]
+            # a marker nobody indexes (left by a crash, or another race) goes at the repair pass
+            other, _ = chunk(2, 10_000)
+            await client.command(b"SET", marker_of(other), b"s", key=marker_of(other), timeout=5.0)
+            k3, v3 = chunk(3, 10_000)
+            await _put_tiered(m, client, k3, v3)
+            await m.repair_markers()
+            assert await client.exists_many([marker_of(other), marker_of(k3)], timeout=5.0) == [False, True]
+            assert m.stats()["manager"]["stale_markers_removed"] == 1
+        finally:
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 11: copies of another format version -----------------------------------------------------
+def test_copies_of_another_format_version_are_misses_but_kept(small_valkey, nvme_dir, moto_s3) -> None:
+    async def main() -> None:
+        import struct
+
+        ts = tiering(nvme_dir=nvme_dir, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
+        m, client = await _manager(small_valkey, ts)
+        key, value = chunk(1, 20_000)
+        await _put_tiered(m, client, key, value)
+        await m.evict("ram", keys=[key])
+        newer = bytearray(value)
+        struct.pack_into("<H", newer, 4, codec.VERSION + 1)  # a newer writer's header
+        okey = m.s3.object_key(key)
+        await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=bytes(newer))
+        await m.evict("nvme", keys=[key])
+        try:
+            assert not await m.promote(key, timeout=5.0)
+            assert m.s3.stats["format_misses"] == 1 and m.s3.stats["corrupt"] == 0
+            await _until(lambda: not m._tasks)
+            assert await m.s3.head(key) is not None  # kept for the other version's readers
+        finally:
+            await m.close()
+        # NVMe: a file whose tier record has another version survives a restart, unindexed
+        path = m.nvme.path_of(key)
+        m2 = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
+        await m2.start(background=False)
+        assert await m2.nvme.write(key, [value])
+        await m2.close()
+        with open(path, "r+b") as f:
+            f.seek(codec.HEADER_SIZE + 4)
+            f.write(struct.pack("<H", 99))
+        m3 = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
+        await m3.start(background=False)
+        try:
+            assert key not in m3.index and os.path.exists(path) and m3.nvme.stats["format_skipped"] == 1
+        finally:
+            await m3.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- 14: a cancelled half-open probe --------------------------------------------------------
+def test_cancelled_half_open_probe_does_not_stick_the_breaker(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        proxy = StallProxy(moto_s3.port)
+        url = await proxy.start()
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, breaker_failures=1, breaker_reset_s=0.05)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            key, value = chunk(1, 20_000)
+            await _put_tiered(m, client, key, value)
+            m.s3.breaker.failure()  # open
+            await _until(lambda: m.s3.breaker.state == "half_open")
+            proxy.stall = True
+            probe = asyncio.create_task(m.s3.read_value(key, len(value)))
+            await _until(lambda: m.s3.breaker.probing)
+            probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)
+            proxy.stall = False
+            assert m.s3.breaker.allow()  # the next request may probe
+        finally:
+            proxy.stall = False
+            await m.close()
+            await client.close()
+            await proxy.close()
+
+    asyncio.run(main())
