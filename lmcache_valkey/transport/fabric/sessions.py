@@ -104,9 +104,12 @@ class SessionPool:
             raise
 
     def release(self, s: Session) -> None:
-        self._idle.append(s)
         assert self._sem is not None
         self._sem.release()
+        if self._closed:  # released after close(): close it rather than pool it
+            asyncio.ensure_future(_close_raw(s))
+            return
+        self._idle.append(s)
 
     async def drop(self, s: Session) -> None:
         assert self._sem is not None

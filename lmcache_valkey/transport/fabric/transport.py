@@ -86,7 +86,12 @@ class FabricTransport:
         if data_path == "rma":
             self.endpoint = endpoint or FabricEndpoint(provider, bind_addr, hmem=hmem)
             if scratch_bytes > 0:
-                self._scratch = ScratchPool(self.endpoint, scratch_bytes)
+                try:
+                    self._scratch = ScratchPool(self.endpoint, scratch_bytes)
+                except BaseException:  # e.g. RLIMIT_MEMLOCK: do not leak the endpoint's thread
+                    if self._owns_endpoint:
+                        self.endpoint.close()
+                    raise
         conn_kwargs = dict(
             host=host, port=port, db=db, username=username, password=password,
             socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
@@ -238,6 +243,10 @@ class FabricTransport:
                 over()
 
     async def _call(self, args_for: Any, keep: Any, timeout: float, after: Any = None, over: Any = None) -> Any:
+        if self._closed:  # an op started during close() would outlive the endpoint it uses
+            if over:
+                over()
+            raise ConnectionLost("the fabric transport is closed")
         if timeout <= 0:
             if over:
                 over()
