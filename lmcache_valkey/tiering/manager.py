@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from .. import codec
 from ..config import Settings
-from ..errors import TransportError
+from ..errors import ServerError, TransportError
 from . import _metrics, protocol
 from ..keys import Namespace
 from .index import LOWER_TIERS, ChunkRead, TierIndex, data_of, marker_of, marker_value, split_data_key
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 _TOMBSTONES_MAX = 100_000
 _SERVE_MAX = 256  # requests handled at once by serve_requests (then BLPOP waits)
 _DELETE_BATCH = 256  # object deletes retried per background pass
+_REPLY_SCRIPT = b"redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])"
 
 
 class TierManager:
@@ -86,6 +87,7 @@ class TierManager:
         self._wake = asyncio.Event()  # promotion under memory pressure wakes the demotion loop
         self._free_lock = asyncio.Lock()  # one demotion pass at a time
         self._serve_sem = asyncio.Semaphore(_SERVE_MAX)
+        self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
         self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
@@ -810,10 +812,22 @@ class TierManager:
         reply = msg.get("reply")
         if not reply:
             return
-        reply = bytes(reply)
+        await self._reply(bytes(reply), protocol.pack({"id": msg.get("id"), "ok": ok, "result": result}))
+
+    async def _reply(self, reply: bytes, payload: bytes) -> None:
+        """RPUSH + PEXPIRE as one script, so a reply list never exists without its TTL (a
+        connection lost between two commands would leak it). Where scripts are refused
+        (ACL, disabled), the two commands are sent one after the other."""
         try:
-            await self.valkey.command(b"RPUSH", reply, protocol.pack({"id": msg.get("id"), "ok": ok, "result": result}),
-                                      key=reply, timeout=self.timeout)
+            if self._scripts:
+                try:
+                    await self.valkey.command(b"EVAL", _REPLY_SCRIPT, 1, reply, payload, protocol.REPLY_TTL_MS,
+                                              key=reply, timeout=self.timeout)
+                    return
+                except ServerError as e:
+                    log.warning("tierd: EVAL refused (%s); replies use RPUSH then PEXPIRE", e)
+                    self._scripts = False
+            await self.valkey.command(b"RPUSH", reply, payload, key=reply, timeout=self.timeout)
             await self.valkey.command(b"PEXPIRE", reply, protocol.REPLY_TTL_MS, key=reply, timeout=self.timeout)
         except TransportError as e:
             log.debug("tierd: reply failed: %s", e)

@@ -470,3 +470,86 @@ def test_cancelled_half_open_probe_does_not_stick_the_breaker(small_valkey, moto
             await proxy.close()
 
     asyncio.run(main())
+
+
+# --- 15, 16: a chunk expiring during its copy; reply lists; close ------------------------------
+def test_chunk_that_expires_during_its_copy_is_not_copied_without_expiry(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        key, value = chunk(1, 10_000)
+        real = client.command
+
+        async def expiring(*args, **kw):
+            if args[:2] == (b"PTTL", key):
+                return -2  # the key expired between the two reads
+            return await real(*args, **kw)
+
+        client.command = expiring
+        try:
+            await _put_tiered(m, client, key, value, ttl_s=30.0)
+            e = m.index.get(key)
+            assert e is None or e.expires_ms > 0  # never "no expiry" for an expiring chunk
+        finally:
+            client.command = real
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_reply_list_never_exists_without_its_ttl(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        from lmcache_valkey.errors import ConnectionLost
+
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        real = client.command
+
+        async def lossy(*args, **kw):
+            if args[:1] == (b"PEXPIRE",):
+                raise ConnectionLost("connection lost between RPUSH and PEXPIRE")
+            return await real(*args, **kw)
+
+        client.command = lossy
+        try:
+            rep = protocol.reply_key("lmcv", "t1", "w1")
+            await m._handle(protocol.pack({"op": "stats", "id": 1, "reply": rep, "ttl_ms": 5000}))
+            assert await real(b"LLEN", rep, key=rep, timeout=5.0) == 1
+            assert await real(b"PTTL", rep, key=rep, timeout=5.0) > 0
+        finally:
+            client.command = real
+            await m.close()
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_close_stops_copies_past_the_drain_deadline(small_valkey, nvme_dir) -> None:
+    async def main() -> None:
+        import threading
+
+        m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
+        entered, release = threading.Event(), threading.Event()
+        real = m.nvme._write_file
+
+        def stuck(*a):
+            entered.set()
+            release.wait(30)
+            return real(*a)
+
+        m.nvme._write_file = stuck
+        key, value = chunk(1, 10_000)
+        await client.set(key, [value], ttl_s=None, timeout=5.0)
+        m.note_put(key, len(value))
+        task = m._copying[key]
+        await asyncio.to_thread(entered.wait, 10)
+        timer = threading.Timer(1.0, release.set)  # lets the disk thread finish eventually
+        timer.start()
+        try:
+            await m.close(drain_timeout=0.1)
+            assert task.done()  # cancelled, not left running after close
+        finally:
+            release.set()
+            timer.cancel()
+            await client.close()
+
+    asyncio.run(main())
