@@ -87,3 +87,31 @@ def test_server_with_the_module_exits_without_crashing_after_rma_traffic(make_st
     finally:
         server.stop()
         server.cleanup()
+
+
+def test_a_worker_keeps_its_own_signal_handlers_after_loading_libfabric(tmp_path):
+    """libfabric installs SIGINT/SIGTERM handlers when loaded; the worker's must survive."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, time
+        from lmcache_valkey.transport.fabric import FabricEndpoint
+        ep = FabricEndpoint("tcp;ofi_rxm", "127.0.0.1")
+        seen = []
+        signal.signal(signal.SIGTERM, lambda *a: seen.append("term"))
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            seen.append("int")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        ep.close()
+        print(",".join(seen))
+    """))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "int,term"

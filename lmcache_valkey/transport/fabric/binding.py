@@ -7,14 +7,51 @@ libfabric: only asking for the fabric data path does.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from lmcache_valkey.errors import FabricUnavailable
 
 from . import _build
 
 _lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _host_signal_handlers_kept() -> Iterator[None]:
+    """Put back the process's signal handlers after libfabric is loaded.
+
+    libfabric's shm provider installs SIGINT/SIGTERM (and other) handlers from a library
+    constructor, replacing the host's: in a vLLM worker, Ctrl-C or SIGTERM would then end
+    the process with exit(1) instead of reaching Python's handlers. The handlers are saved
+    and restored at the C level (``signal.signal`` would need the main thread).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    saved = {}
+    for sig in range(1, 32):
+        sa = _SigAction()
+        if libc.sigaction(sig, None, ctypes.byref(sa)) == 0:
+            saved[sig] = sa
+    try:
+        yield
+    finally:
+        for sig, sa in saved.items():
+            now = _SigAction()
+            if libc.sigaction(sig, None, ctypes.byref(now)) == 0 and now.handler != sa.handler:
+                libc.sigaction(sig, ctypes.byref(sa), None)
+
+
+class _SigAction(ctypes.Structure):
+    """glibc's ``struct sigaction`` (same layout on x86-64 and aarch64)."""
+
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
 _loaded: tuple[Any, Any] | None = None
 _failed: str | None = None  # remembered: ``transport: auto`` must not recompile per store
 
@@ -27,7 +64,8 @@ def load() -> tuple[Any, Any]:
             if _failed is not None:
                 raise FabricUnavailable(_failed)
             try:
-                mod = _build.build_and_load()
+                with _host_signal_handlers_kept():
+                    mod = _build.build_and_load()
             except _build.BuildError as exc:
                 _failed = str(exc)
                 raise FabricUnavailable(_failed) from exc
