@@ -47,6 +47,7 @@ _MISSING = {"NoSuchKey", "404", "NotFound"}
 _READ_BLOCK = 1 << 20
 _PRECONDITION = {"PreconditionFailed", "412"}  # 409 ConditionalRequestConflict: a race, retried
 _UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument"}
+_ETAG = "\0etag"  # where _get_ranges leaves the object's ETag in the metadata dict
 
 
 def _map_error(e: BaseException) -> TransportError:
@@ -150,12 +151,13 @@ class ObjectTier:
         self._stack = contextlib.AsyncExitStack()
         self._client = None
         self._conditional = True
+        self._conditional_delete = True  # DELETE with If-Match, until the store refuses it
         self._sem = asyncio.Semaphore(ts.s3_concurrency)
         self.stats = {
             "enqueued": 0, "dropped": 0, "uploaded": 0, "upload_failures": 0, "retries": 0,
             "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "deleted": 0, "bytes_uploaded": 0,
             "bytes_read": 0, "breaker_rejections": 0, "conditional_exists": 0, "multipart": 0,
-            "rejected": 0, "gave_up": 0, "format_misses": 0,
+            "rejected": 0, "gave_up": 0, "format_misses": 0, "delete_skipped_newer": 0,
         }
 
     # --- naming ----------------------------------------------------------------------------
@@ -492,7 +494,8 @@ class ObjectTier:
             self.buffers.release(buf)
             self.stats["misses"] += 1
             _metrics.record_miss(self.tier, "absent")
-            self.pins.defer(key, lambda: self._delete_quiet(key))
+            etag = meta.get(_ETAG)
+            self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
             return None
         mv = memoryview(buf)[:value_len]
@@ -516,7 +519,8 @@ class ObjectTier:
             self.stats["corrupt"] += 1
             self.stats["misses"] += 1
             _metrics.record_miss(self.tier, c.reason)
-            self.pins.defer(key, lambda: self._delete_quiet(key))
+            etag = meta.get(_ETAG)
+            self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
             self.buffers.release(buf)
             return None
@@ -551,6 +555,8 @@ class ObjectTier:
                     raise _map_error(e) from None
                 if start == 0:
                     meta.update(r.get("Metadata") or {})
+                    if r.get("ETag"):
+                        meta[_ETAG] = str(r["ETag"])
                 body = r["Body"]
                 try:
                     pos = start
@@ -619,12 +625,28 @@ class ObjectTier:
         self.breaker.success()
         self.stats["deleted"] += 1
 
-    async def _delete_quiet(self, key: bytes) -> None:
+    async def _delete_quiet(self, key: bytes, etag: str | None = None) -> None:
+        """Best-effort delete of a copy found bad or expired. With ``etag`` (the copy that was
+        read) the DELETE is conditional (If-Match): a newer object written since — the
+        delete may have waited for reads to finish — is kept."""
+        okey = self.object_key(key)
         try:
-            await self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+            if etag and self._conditional_delete:
+                try:
+                    await self._client.delete_object(Bucket=self.bucket, Key=okey, IfMatch=etag)
+                    self.stats["deleted"] += 1
+                    return
+                except ClientError as e:
+                    if _code(e) in _PRECONDITION or _code(e) in _MISSING:
+                        self.stats["delete_skipped_newer"] += _code(e) in _PRECONDITION
+                        return  # replaced (or gone) since it was read: not ours to delete
+                    if _code(e) not in _UNSUPPORTED:
+                        raise
+                    self._conditional_delete = False
+            await self._client.delete_object(Bucket=self.bucket, Key=okey)
             self.stats["deleted"] += 1
         except Exception as e:  # noqa: BLE001 - best effort; logged
-            log.warning("object tier: delete of %s failed: %s", self.object_key(key), e)
+            log.warning("object tier: delete of %s failed: %s", okey, e)
 
     async def list_objects(self, tenant: str | None = None) -> AsyncIterator[ObjectInfo]:
         """Every stored chunk (for rebuilding the index)."""
