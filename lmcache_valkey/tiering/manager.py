@@ -89,6 +89,7 @@ class TierManager:
         self._serve_sem = asyncio.Semaphore(_SERVE_MAX)
         self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
         self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
+        self._deleter: asyncio.Task[int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._mem: MemoryState | None = None
@@ -531,6 +532,8 @@ class TierManager:
             await asyncio.gather(*(self._sync_marker(k) for k in missing))
             restored += len(missing)
         self.stats_counters["markers_restored"] += restored
+        if self.s3 is not None and not self._listed:
+            return restored  # the index is incomplete: a marker it lacks may be valid
         stray: list[bytes] = []
         async for mk in self.valkey.scan_iter(protocol.marker_pattern(self.key_prefix, self.tenant), 1000):
             try:
@@ -560,7 +563,7 @@ class TierManager:
                 await self.demote_once()
                 if not self._listed:
                     await self.rebuild_object_index()
-                await self.retry_deletes()
+                self._kick_deleter()
                 if time.monotonic() - last_repair >= self.ts.marker_repair_s:
                     last_repair = time.monotonic()
                     await self.repair_markers()
@@ -650,7 +653,8 @@ class TierManager:
                     removed += 1
             for t in tiers:
                 self.index.discard(k, t)
-            await self._sync_marker(k)
+        for i in range(0, len(keys), 256):
+            await asyncio.gather(*(self._sync_marker(k) for k in keys[i : i + 256]))
         self.stats_counters["s3_deletes_pending"] = len(self._s3_doomed)
         if doomed:
             tasks = [self._spawn(self._delete_object(k)) for k in doomed]
@@ -701,11 +705,18 @@ class TierManager:
                     log.debug("tiering: delete intents not cleared: %s", e)
             return 0
         ok = 0
-        for k in list(self._s3_doomed)[:_DELETE_BATCH]:
+        todo = [k for k in self._s3_doomed if k not in fresh][:_DELETE_BATCH]
+        for i in range(0, len(todo), 32):
             if self.s3.breaker.state == self.s3.breaker.OPEN:
                 break
-            ok += await self._delete_object(k)
+            ok += sum(await asyncio.gather(*(self._delete_object(k) for k in todo[i : i + 32])))
         return ok
+
+    def _kick_deleter(self) -> None:
+        """Run :meth:`retry_deletes` in the background, one at a time: a slow object store
+        never holds up the demotion loop."""
+        if self._deleter is None or self._deleter.done():
+            self._deleter = self._spawn(self.retry_deletes())
 
     async def evict(self, tier: str, *, keys: Sequence[bytes] | None = None, prefix: bytes | None = None) -> int:
         """Remove copies from one tier only (``ram``, ``nvme`` or ``s3``), by keys or key prefix

@@ -579,3 +579,38 @@ def test_deferred_delete_of_a_bad_object_keeps_a_newer_one(small_valkey, moto_s3
             await client.close()
 
     asyncio.run(main())
+
+
+def test_background_deleter_never_holds_up_the_demotion_loop(small_valkey, moto_s3) -> None:
+    async def main() -> None:
+        proxy = StallProxy(moto_s3.port)
+        url = await proxy.start()
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, s3_timeout_s=60.0, demote_interval_s=0.05)
+        m, client = await _manager(small_valkey, ts, background=True)
+        passes = 0
+        real = m.demote_once
+
+        async def counted():
+            nonlocal passes
+            passes += 1
+            return await real()
+
+        m.demote_once = counted
+        try:
+            key, value = chunk(1, 20_000)
+            await _put_tiered(m, client, key, value)
+            proxy.stall = True
+            await m.delete([key], timeout=0.2)  # its object DELETE hangs in the store
+            seen = passes
+            await _until(lambda: passes >= seen + 5)  # the loop keeps turning meanwhile
+            assert key in m._s3_doomed
+            proxy.stall = False
+            await _until(lambda: not m._s3_doomed, 60)
+            assert await m.s3.head(key) is None
+        finally:
+            proxy.stall = False
+            await m.close()
+            await client.close()
+            await proxy.close()
+
+    asyncio.run(main())
