@@ -201,6 +201,7 @@ def test_corrupt_object_is_counted_miss_and_deleted(small_valkey, moto_s3) -> No
             await m.evict("ram", keys=[key])
             assert not await TierClient.embedded(m).promote(key, timeout=10.0)
             assert m.s3.stats["corrupt"] == 1
+            await _until(lambda: m.s3.stats["deleted"] == 1)  # removed when the read's pin goes (async)
             assert await m.s3.head(key) is None  # the bad copy is gone
             await _until(lambda: not m._tasks)
             assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
@@ -454,6 +455,7 @@ def test_expired_object_is_not_served_after_restart(small_valkey, moto_s3) -> No
         try:
             assert key in m2.index  # rebuilt from the listing ...
             assert not await m2.promote(key, timeout=5.0)  # ... but never served
+            await _until(lambda: m2.s3.stats["deleted"] == 1)  # removed when the read's pin goes (async)
             assert await m2.s3.head(key) is None and key not in m2.index
         finally:
             await m2.close()
