@@ -125,6 +125,46 @@ __attribute__((destructor)) static void on_unload(void) {
     lmcv_fabric_close(f);
 }
 
+/* Stop signals. Loading libfabric replaces Valkey's SIGTERM/SIGINT handlers (its shm
+ * provider installs its own from a library constructor, before OnLoad runs), after which a
+ * SIGTERM ended the server with exit(1) and no shutdown sequence. We take the signals back
+ * and do what Valkey's handler does: note the request in the handler (async-signal-safe),
+ * then run SHUTDOWN from the event loop, which saves and exits as configured. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void stop_timer(RMCtx *ctx, void *data) {
+    (void)data;
+    if (stop_requested) {
+        stop_requested = 0;
+        RM_Log(ctx, RM_LOG_NOTICE, "lmcvblob: stop signal received, shutting down");
+        errno = 0;
+        /* NOW: a module context cannot block waiting for replicas; saving is still as configured. */
+        RMCallReply *r = RM_Call(ctx, "SHUTDOWN", "c", "NOW");
+        /* reached only if the shutdown was refused */
+        size_t n = 0;
+        const char *why = r ? RM_CallReplyStringPtr(r, &n) : NULL;
+        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: SHUTDOWN refused: %.*s (errno %d)", why ? (int)n : 0, why ? why : "", errno);
+        if (r) RM_FreeCallReply(r);
+    }
+    RM_CreateTimer(ctx, 100, stop_timer, NULL);
+}
+
+static void take_back_stop_signals(RMCtx *ctx) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    RM_CreateTimer(ctx, 100, stop_timer, NULL);
+}
+
 /* ---- argument parsing ---------------------------------------------------------------- */
 
 static int parse_u64(RMString *s, uint64_t *out) {
@@ -532,6 +572,7 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
         lmcv_arena_destroy(arena);
         return RM_ERR;
     }
+    take_back_stop_signals(ctx);
     /* Publish only when every step succeeded. */
     G.type = type;
     G.arena = arena;

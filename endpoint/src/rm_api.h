@@ -61,6 +61,8 @@ typedef struct {
 } RMClientInfoHead;
 
 typedef void (*RMEventCallback)(RMCtx *ctx, RMEvent e, uint64_t sub, void *data);
+typedef void (*RMTimerProc)(RMCtx *ctx, void *data);
+typedef struct RMCallReply RMCallReply;
 
 #define RM_API_LIST(X)                                                                          \
     X(int, SetModuleAttribs, (RMCtx *, const char *, int, int))                                \
@@ -97,7 +99,11 @@ typedef void (*RMEventCallback)(RMCtx *ctx, RMEvent e, uint64_t sub, void *data)
     X(int, InfoAddSection, (RMInfoCtx *, const char *))                                        \
     X(int, InfoAddFieldULongLong, (RMInfoCtx *, const char *, unsigned long long))             \
     X(int, InfoAddFieldCString, (RMInfoCtx *, const char *, const char *))                     \
-    X(void, Log, (RMCtx *, const char *, const char *, ...))
+    X(void, Log, (RMCtx *, const char *, const char *, ...))                                   \
+    X(uint64_t, CreateTimer, (RMCtx *, long long, RMTimerProc, void *))                        \
+    X(RMCallReply *, Call, (RMCtx *, const char *, const char *, ...))                         \
+    X(void, FreeCallReply, (RMCallReply *))                                                    \
+    X(const char *, CallReplyStringPtr, (RMCallReply *, size_t *))
 
 #define RM_DECLARE(ret, name, args) extern ret(*RM_##name) args;
 RM_API_LIST(RM_DECLARE)
