@@ -90,6 +90,7 @@ class TierManager:
         self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
         self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
         self._deleter: asyncio.Task[int] | None = None
+        self._exp_unknown: set[bytes] = set()  # listed objects whose expiry is not known yet
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._mem: MemoryState | None = None
@@ -144,6 +145,8 @@ class TierManager:
             if o.key in self._s3_doomed:
                 continue
             self.index.add(o.key, "s3", o.value_len, last_access=o.mtime, expires_ms=o.expires_ms)
+            if not o.expires_ms:
+                self._exp_unknown.add(o.key)  # the listing cannot tell: HEAD in the background
             if self._loops:  # listed late: markers for what was found
                 self._spawn(self._sync_marker(o.key))
         return True
@@ -387,6 +390,8 @@ class TierManager:
             # The copy records the chunk's expiry (the object listing cannot: after a restart
             # the index may not know it); without any, the configured TTL applies.
             expires_ms = got.expires_ms or e.expires_ms
+            if got.expires_ms or tier != "s3":
+                self._exp_unknown.discard(key)
             if expires_ms and expires_ms != e.expires_ms:
                 self.index.add(key, tier, e.value_len, expires_ms=expires_ms)
                 self._spawn(self._sync_marker(key))
@@ -713,10 +718,51 @@ class TierManager:
         return ok
 
     def _kick_deleter(self) -> None:
-        """Run :meth:`retry_deletes` in the background, one at a time: a slow object store
-        never holds up the demotion loop."""
+        """Run :meth:`retry_deletes` (then :meth:`learn_object_expiry`) in the background, one
+        at a time: a slow object store never holds up the demotion loop."""
         if self._deleter is None or self._deleter.done():
-            self._deleter = self._spawn(self.retry_deletes())
+            self._deleter = self._spawn(self._object_chores())
+
+    async def _object_chores(self) -> int:
+        n = await self.retry_deletes()
+        await self.learn_object_expiry()
+        return n
+
+    async def learn_object_expiry(self, limit: int = 256) -> int:
+        """HEAD up to ``limit`` listed objects whose expiry the listing could not tell: the
+        index and the marker take it (PXAT); expired ones are removed. Returns objects seen."""
+        if self.s3 is None or not self._exp_unknown:
+            return 0
+        batch = [self._exp_unknown.pop() for _ in range(min(limit, len(self._exp_unknown)))]
+        gone: list[bytes] = []
+        seen = 0
+        for i in range(0, len(batch), 32):
+            if self.s3.breaker.state == self.s3.breaker.OPEN:
+                self._exp_unknown.update(batch[i:])
+                break
+            part = batch[i : i + 32]
+            infos = await asyncio.gather(*(self.s3.head_info(k) for k in part), return_exceptions=True)
+            for k, info in zip(part, infos):
+                if isinstance(info, BaseException):
+                    self._exp_unknown.add(k)  # next pass
+                    continue
+                seen += 1
+                e = self.index._e.get(k)
+                if e is None or "s3" not in e.tiers:
+                    continue
+                if info is None:
+                    self.index.discard(k, "s3")
+                    self._spawn(self._sync_marker(k))
+                elif info.expires_ms:
+                    self.index.add(k, "s3", e.value_len, expires_ms=info.expires_ms)
+                    if e.expired():
+                        gone.append(k)
+                    else:
+                        self._spawn(self._sync_marker(k))
+        if gone:
+            await self._remove_lower(gone)
+            self.stats_counters["expired"] += len(gone)
+        return seen
 
     async def evict(self, tier: str, *, keys: Sequence[bytes] | None = None, prefix: bytes | None = None) -> int:
         """Remove copies from one tier only (``ram``, ``nvme`` or ``s3``), by keys or key prefix

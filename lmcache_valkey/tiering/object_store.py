@@ -429,15 +429,22 @@ class ObjectTier:
 
     async def head(self, key: bytes) -> int | None:
         """Stored value length, or None when absent."""
+        info = await self.head_info(key)
+        return None if info is None else info.value_len
+
+    async def head_info(self, key: bytes) -> ObjectInfo | None:
+        """Length, mtime and expiry (``lmcv-exp``) of a stored chunk, or None when absent."""
         try:
-            r = await self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+            async with self._sem:
+                r = await self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
         except ClientError as e:
             if _code(e) in _MISSING:
                 return None
             raise _map_error(e) from None
         except Exception as e:
             raise _map_error(e) from None
-        return int(r["ContentLength"])
+        mtime = r["LastModified"].timestamp() if r.get("LastModified") else 0.0
+        return ObjectInfo(key, int(r["ContentLength"]), mtime, _int_or_zero((r.get("Metadata") or {}).get("lmcv-exp")))
 
     async def read_value(self, key: bytes, value_len: int | None = None) -> ChunkRead | None:
         """(codec header, payload) of a stored chunk, verified; None on a miss.
