@@ -21,7 +21,11 @@ Flows:
   one lower-tier read. A tier whose expected time exceeds the recompute budget or the
   caller's deadline is skipped.
 - delete/evict/expiry are applied to RAM, marker, index and every lower tier; a copy pinned
-  by an in-flight read is removed when the read finishes.
+  by an in-flight read is removed when the read finishes. A delete changes the key's
+  generation (copies/uploads of an older one are dropped) and, with an object tier, records
+  a delete intent in Valkey first; object DELETEs the store cannot take now are resent by a
+  background task, also after a restart (docs/tiering-tiers.md, "Delete, step by step").
+- promotion never frees RAM inline: under memory pressure it wakes the (single) demotion pass.
 
 Never imports: aiobotocore (only via .object_store), valkey-py, the store, the integrations.
 """

@@ -13,7 +13,11 @@
 - Conditional put (``If-None-Match: *``) keeps concurrent writers from clobbering; a store
   that refuses the header is remembered and written to without it.
 - Retries with exponential backoff and a circuit breaker: while open, reads are misses at
-  once and uploads wait in the queue.
+  once and uploads wait in the queue. An upload is dropped (counted) after ``s3_max_retries``
+  failures while the breaker is closed, or at once when the store refuses it for good (4xx);
+  refusals are not fed to the breaker.
+- Uploads carry the manager's generation of the key (``is_wanted(key, gen)``), so a delete
+  drops or undoes them; a bad object is deleted with ``If-Match`` on the ETag that was read.
 
 botocore/aiohttp errors are mapped here to :mod:`lmcache_valkey.errors`.
 """
