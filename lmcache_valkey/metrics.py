@@ -103,6 +103,7 @@ MISS_CAUSES = (
 ERROR_CAUSES = tuple(c for c in MISS_CAUSES if c != "absent") + (
     "oom",  # server refused a write (maxmemory)
     "overflow",  # bounded queue full
+    "rejected",  # the object store refused a write for good (a permanent 4xx)
 )
 OPS = (
     "lookup",
