@@ -44,7 +44,15 @@ Buffer = bytes | bytearray | memoryview
 
 
 class ChunkTransport(Protocol):
-    """What the store needs from a transport (RespClient, FabricTransport)."""
+    """What the store needs from a transport (RespClient, FabricTransport).
+
+    ``get_many_into`` scatters each value into its buffers (a :class:`codec.PayloadSink`,
+    whose ``crc`` a transport may fill in as bytes arrive) and returns the value's length,
+    ``None`` when absent, or a per-item error. A transport whose *server* writes into the
+    buffers (RMA) sets ``supports_release_callbacks = True`` and accepts
+    ``on_release=[callable per item]``, each called once nothing can touch that item's
+    buffers any more.
+    """
 
     async def get_many_into(
         self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
