@@ -97,3 +97,21 @@ def test_store_picks_fabric_with_auto_and_round_trips_a_chunk(start_server):
 
     asyncio.run(body())
     assert srv.info()["rma_gets"] == 1 and srv.info()["rma_sets"] == 1
+
+
+def test_operations_after_close_fail_with_a_transport_error():
+    """A call that races close() is refused cleanly (never reaches a closed endpoint)."""
+    import asyncio
+
+    import pytest
+
+    from lmcache_valkey.errors import ConnectionLost
+    from lmcache_valkey.transport.fabric import FabricTransport
+
+    async def run() -> None:
+        t = FabricTransport("127.0.0.1", 1, data_path="bulk")
+        await t.close()
+        with pytest.raises(ConnectionLost):
+            await t.get_into(b"k", [memoryview(bytearray(8))], 1.0)
+
+    asyncio.run(run())

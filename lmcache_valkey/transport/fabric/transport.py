@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from lmcache_valkey.errors import (
+    ConnectionLost,
     CorruptChunk,
     DeadlineExceeded,
     FabricUnavailable,
