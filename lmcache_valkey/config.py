@@ -130,7 +130,10 @@ _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _as_size(key: str, v: Any) -> int:
+def parse_size(key: str, v: Any) -> int:
+    """A positive byte count: an int, or a string like ``512MiB`` / ``1G`` / ``4096``.
+
+    Shared by every settings parser of the package (core and tiering)."""
     if isinstance(v, int) and not isinstance(v, bool) and v > 0:
         return v
     if isinstance(v, str):
@@ -141,6 +144,9 @@ def _as_size(key: str, v: Any) -> int:
             if n > 0:
                 return n
     raise ConfigError(key, "a positive byte count (e.g. 536870912 or '512MiB')", v)
+
+
+_as_size = parse_size
 
 
 def _as_int(key: str, v: Any, *, minimum: int, maximum: int) -> int:
@@ -349,6 +355,7 @@ __all__ = [
     "Settings",
     "KNOWN_KEYS",
     "parse_url",
+    "parse_size",
     "settings_from_mapping",
     "settings_from_extra_config",
     "settings_from_url",

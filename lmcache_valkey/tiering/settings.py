@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..config import parse_size
 from ..errors import ConfigError
 
 MODES = ("off", "embedded", "service")
@@ -68,8 +69,7 @@ class TieringSettings:
 
 
 # --- parsers --------------------------------------------------------------------------------
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_size = parse_size  # one size grammar for every setting of the package
 
 
 def _str(key: str, v: Any) -> str:
@@ -91,18 +91,6 @@ def _bool(key: str, v: Any) -> bool:
     if s in {"0", "false", "no", "off"}:
         return False
     raise ConfigError(key, "a boolean (true/false)", v)
-
-
-def _size(key: str, v: Any) -> int:
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-        return v
-    if isinstance(v, str):
-        m = _SIZE_RE.match(v)
-        if m:
-            n = int(m.group(1)) * _UNITS[(m.group(2) or "").upper()[:1]]
-            if n > 0:
-                return n
-    raise ConfigError(key, "a positive byte count (e.g. 1073741824 or '1GiB')", v)
 
 
 def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
