@@ -56,6 +56,10 @@ class Namespace:
     def data_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{DATA}:{{{chunk_id}}}".encode()
 
+    def chunk_id(self, key_string: str) -> str:
+        """The chunk id of an engine's key string in this namespace (every adapter derives ids here)."""
+        return chunk_id(key_string)
+
     def marker_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{TIER_MARKER}:{{{chunk_id}}}".encode()
 

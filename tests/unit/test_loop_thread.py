@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from lmcache_valkey.integrations.lmcache.loop_thread import LoopThread
+from lmcache_valkey.loop_thread import LoopThread
 
 
 def test_results_racing_with_cancellation_reach_the_orphan_handler():

@@ -26,9 +26,9 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from ... import metrics
 from ...codec import ChunkMeta
 from ...config import Settings
-from ...keys import Namespace, chunk_id, make_namespace
+from ...keys import Namespace, make_namespace
 from ...store import ChunkRef, ChunkStore, GetResult, open_store
-from .loop_thread import LoopThread
+from ...loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,9 @@ class ValkeyRemoteConnector(RemoteConnector):
             raise RuntimeError(f"cannot find the CPU arena of {type(alloc).__name__} to register")
         self.store.register_memory(buf.data_ptr(), buf.numel() * buf.element_size())
 
-    @staticmethod
-    def _ref(key: CacheEngineKey) -> ChunkRef:
+    def _ref(self, key: CacheEngineKey) -> ChunkRef:
         s = key.to_string()
-        return ChunkRef(chunk_id(s), s)
+        return ChunkRef(self.namespace.chunk_id(s), s)
 
     def _allocate(self) -> Optional[MemoryObj]:
         # busy_loop=False: never stall the I/O loop waiting for LMCache to evict.
@@ -140,7 +139,7 @@ class ValkeyRemoteConnector(RemoteConnector):
                 fmt=int(o.meta.fmt.value),
                 key=s,
             )
-            items.append((ChunkRef(chunk_id(s), s), meta, o.byte_array))
+            items.append((ChunkRef(self.namespace.chunk_id(s), s), meta, o.byte_array))
         try:
             return await self.store.put_many(items)
         finally:

@@ -1,12 +1,13 @@
-"""A private asyncio loop on its own thread, and the bridges LMCache needs into it.
+"""A private asyncio loop on its own thread, and the bridges every engine adapter needs into it.
 
-Why a private loop: LMCache calls some connector methods synchronously
-(``exists_sync``, ``batched_contains``, ``remove_sync``), sometimes from its own
-event-loop thread, where blocking on a coroutine of that same loop would
-deadlock. Running the store on our own loop makes every sync twin a plain
-cross-thread wait with a deadline.
+Why a private loop: engines call some storage methods synchronously (LMCache's
+``exists_sync``, ``batched_contains``, ``remove_sync``; vLLM's and SGLang's tier
+interfaces entirely), sometimes from their own event-loop thread, where blocking
+on a coroutine of that same loop would deadlock. Running the store on our own
+loop makes every sync twin a plain cross-thread wait with a deadline. Shared by
+all adapters (docs/private-io-loop.md); it knows no engine.
 
-Cancellation: when LMCache cancels its future (``blocking_timeout_secs``), the
+Cancellation: when the engine cancels its future (LMCache's ``blocking_timeout_secs``), the
 cancellation is forwarded to our task, which aborts its connection and then
 releases what it allocated. A result that arrives after the caller has given
 up is handed to ``on_orphan`` so it can be released, never leaked.
@@ -19,7 +20,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Coroutine, TypeVar
 
-from ...errors import DeadlineExceeded
+from .errors import DeadlineExceeded
 
 T = TypeVar("T")
 
