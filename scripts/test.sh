@@ -1,9 +1,47 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian/Ubuntu machine (as root): set-up first,
-# then pytest. Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
+# then pytest in the main environment (.venv), then in every extra environment described
+# by scripts/envs/*.sh (other Pythons, other engine releases; see scripts/envs/README.md).
+#   bash scripts/test.sh                      # everything (what CI runs)
+#   bash scripts/test.sh tests/unit -x        # main environment only, with these pytest args
+#   bash scripts/test.sh --env NAME [args]    # one extra environment only
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+
+envs() { ls scripts/envs/*.sh 2>/dev/null | sort; }
+
+run_env() {  # $1 = script; rest = pytest args (default: what the script names)
+    local script="$1"; shift
+    local name; name="$(basename "$script" .sh)"
+    bash "$script" setup
+    local args=("$@")
+    if [ ${#args[@]} -eq 0 ]; then
+        read -r -a args <<< "$(bash "$script" tests)"
+    fi
+    echo "[test] environment $name: pytest ${args[*]}" >&2
+    ".venv-$name/bin/python" -m pytest -q -ra "${args[@]}"
+}
+
+if [ "${1:-}" = "--env" ]; then
+    name="${2:?--env needs a name}"; shift 2
+    run_env "scripts/envs/$name.sh" "$@"
+    exit $?
+fi
+
 # pytest exits 5 when it collected no test: that is a failure here, like any other non-zero.
-exec .venv/bin/python -m pytest -q -ra "${@:-tests}"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest -q -ra "$@"
+fi
+
+ignores=()
+for script in $(envs); do
+    for path in $(bash "$script" owns); do ignores+=("--ignore=$path"); done
+done
+status=0
+.venv/bin/python -m pytest -q -ra "${ignores[@]}" tests || status=$?
+for script in $(envs); do
+    run_env "$script" || status=$?
+done
+exit $status
