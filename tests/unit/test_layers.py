@@ -20,6 +20,7 @@ FENCES = {
 FORBIDDEN = {
     "integrations/": ("transport",),  # integrations reach the servers only through the store
     "store.py": ("integrations",),
+    "session.py": ("integrations",),
     "transport/": ("integrations", "store", "tiering"),
     "tiering/": ("integrations", "store", "transport.fabric"),
     "codec.py": ("integrations", "store", "transport", "tiering"),

@@ -19,9 +19,10 @@ from typing import Any, Mapping
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from ...config import PLUGIN_PREFIX, Settings, settings_from_mapping
+from ...config import PLUGIN_PREFIX, Settings
 from ...errors import ConfigError
-from ...tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
+from ...session import parse_adapter_settings
+from ...tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,7 @@ def parse_plugin_settings(
     """
     prefix = f"{PLUGIN_PREFIX}{name}."
     raw = {k[len(prefix):]: v for k, v in (extra_config or {}).items() if k.startswith(prefix)}
-    tier_raw, core_raw = split_tiering_keys(raw)
-    try:
-        settings = settings_from_mapping(core_raw, env=env)
-    except ConfigError as e:
-        raise ConfigError(prefix + e.key, e.expected, e.got) from None
-    return settings, tiering_settings_from_mapping(tier_raw, key_prefix=prefix)
+    return parse_adapter_settings(raw, key_prefix=prefix, env=env)
 
 
 class ValkeyConnectorAdapter(ConnectorAdapter):

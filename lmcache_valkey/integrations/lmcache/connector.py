@@ -26,18 +26,18 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from ... import metrics
 from ...codec import ChunkMeta
 from ...config import Settings
-from ...keys import Namespace, make_namespace
-from ...store import ChunkRef, ChunkStore, GetResult, open_store
-from ...loop_thread import LoopThread
+from ...keys import Namespace
+from ...session import StoreSession, namespace_for
+from ...store import ChunkRef, ChunkStore, GetResult
 
 log = logging.getLogger(__name__)
 
 
-def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector, settings: Settings) -> dict[str, Any]:
-    """Everything that shapes the bytes of a chunk; any difference means another namespace."""
+def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector) -> dict[str, Any]:
+    """Everything that shapes the bytes of a chunk; any difference means another namespace
+    (``namespace_for`` adds what every engine shares, ``model_revision``)."""
     return {
         "model": metadata.model_name,
-        "revision": settings.model_revision,
         "kv_dtype": str(metadata.kv_dtype),
         "kv_shape": list(metadata.kv_shape),
         "use_mla": bool(metadata.use_mla),
@@ -59,22 +59,10 @@ class ValkeyRemoteConnector(RemoteConnector):
         super().__init__(config, metadata)
         self.local_cpu_backend = local_cpu_backend
         self.settings = settings
-        self.namespace: Namespace = make_namespace(
-            settings.key_prefix,
-            settings.tenant,
-            namespace_fields(config, metadata, self, settings),
-            settings.namespace,
-        )
-        self._io = LoopThread()
-        try:
-            self.store: ChunkStore = self._io.run_sync(
-                open_store(settings, self.namespace, tiering=tiering), timeout=settings.connect_timeout_s * 3 + 10
-            )
-            if self.store.transport_name == "fabric":
-                self._register_arena()
-        except BaseException:
-            self._io.stop()
-            raise
+        self.namespace: Namespace = namespace_for(settings, namespace_fields(config, metadata, self))
+        self._session = StoreSession(settings, self.namespace, tiering, arena=self._arena())
+        self._io = self._session.io
+        self.store: ChunkStore = self._session.store
         log.info(
             "lmcache-valkey connected to %s (tenant %s, namespace %s, transport %s)",
             settings.url_for_humans,
@@ -85,13 +73,18 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     # ------------------------------------------------------------- helpers
 
-    def _register_arena(self) -> None:
-        """Register LMCache's whole CPU arena with libfabric once: every MemoryObj lies in it."""
+    def _arena(self) -> tuple[int, int] | None:
+        """LMCache's whole CPU arena (every MemoryObj lies in it), registered once for RMA."""
+        if self.settings.transport == "tcp":
+            return None
         alloc = self.local_cpu_backend.memory_allocator
         buf = getattr(getattr(alloc, "pin_allocator", alloc), "buffer", None)
         if buf is None:
-            raise RuntimeError(f"cannot find the CPU arena of {type(alloc).__name__} to register")
-        self.store.register_memory(buf.data_ptr(), buf.numel() * buf.element_size())
+            if self.settings.transport == "fabric":
+                raise RuntimeError(f"cannot find the CPU arena of {type(alloc).__name__} to register")
+            log.warning("no CPU arena found in %s: transport auto will not use RMA", type(alloc).__name__)
+            return None
+        return buf.data_ptr(), buf.numel() * buf.element_size()
 
     def _ref(self, key: CacheEngineKey) -> ChunkRef:
         s = key.to_string()
@@ -235,10 +228,7 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     def close_sync(self) -> None:
         """For callers without a loop (tests, the demo)."""
-        try:
-            self._io.run_sync(self.store.close(), timeout=5.0)
-        finally:
-            self._io.stop()
+        self._session.close(timeout=5.0)
 
     def __repr__(self) -> str:
         return f"<ValkeyRemoteConnector {self.settings.url_for_humans} ns={self.namespace.base}>"
