@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from lmcache.v1.token_database import ChunkedTokenDatabase
+
+try:  # LMCache <= 0.5.6
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+except ImportError:  # LMCache 0.5.7 moved the in-process modules under lmcache.inprocess
+    from lmcache.inprocess.v1.token_database import ChunkedTokenDatabase
 
 
 def chunk_keys(config: Any, metadata: Any, tokens: Sequence[int], *, full_only: bool = True) -> list[tuple[int, int, Any]]:
