@@ -129,6 +129,32 @@ class ChunkStore:
         if not chunk_ids:
             return 0
         started = time.perf_counter()
+        found = await self._exists_any_tier(chunk_ids)
+        if found is None:
+            return 0
+        prefix = next((i for i, f in enumerate(found) if not f), len(found))
+        metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
+        return prefix
+
+    async def contains_each(self, chunk_ids: Sequence[str]) -> list[bool]:
+        """Whether each chunk exists in some tier, every one answered (not only a prefix).
+
+        For engines that scan keys in their own order (vLLM looks sliding-window blocks up
+        from the end). Same cost as :meth:`contains_prefix`: one round trip per node; a
+        failed or late lookup answers ``False`` for every chunk."""
+        if not chunk_ids:
+            return []
+        started = time.perf_counter()
+        found = await self._exists_any_tier(chunk_ids)
+        if found is None:
+            return [False] * len(chunk_ids)
+        prefix = next((i for i, f in enumerate(found) if not f), len(found))
+        metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
+        return found
+
+    async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
+        """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
+        marker) present? ``None`` when the lookup failed or missed its deadline (counted)."""
         keys = [self.namespace.data_key(c) for c in chunk_ids]
         if self.tiers is not None:
             # Value and marker share a slot; one pipelined pass answers "any tier".
@@ -137,18 +163,13 @@ class ChunkStore:
         try:
             found = await asyncio.wait_for(self.transport.exists_many(keys, timeout=timeout), timeout + _GRACE_S)
         except (TransportError, asyncio.TimeoutError) as e:
-            cause = _cause(e)
-            metrics.record_error("lookup", cause)
-            log.warning("prefix lookup of %d chunks failed (%s): treating as a miss", len(chunk_ids), e)
-            return 0
+            metrics.record_error("lookup", _cause(e))
+            log.warning("lookup of %d chunks failed (%s): treating as a miss", len(chunk_ids), e)
+            return None
         n = len(chunk_ids)
-        prefix = n
-        for i in range(n):
-            if not (found[i] or (self.tiers is not None and found[n + i])):
-                prefix = i
-                break
-        metrics.record_lookup(n, prefix, time.perf_counter() - started)
-        return prefix
+        if self.tiers is None:
+            return [bool(f) for f in found[:n]]
+        return [bool(found[i] or found[n + i]) for i in range(n)]
 
     async def exists(self, chunk_id: str) -> bool:
         return await self.contains_prefix([chunk_id]) == 1

@@ -34,6 +34,7 @@ def test_store_lookup_and_get_see_the_lower_tiers(small_valkey, nvme_dir) -> Non
             assert await m.flush(10.0) and len(m.index) == 4
             await m.evict("ram", keys=[NS.data_key(r.chunk_id) for r in refs])
             assert await store.contains_prefix([r.chunk_id for r in refs]) == 4  # markers count
+            assert await store.contains_each([r.chunk_id for r in refs]) == [True] * 4
             dests = [bytearray(100_000) for _ in refs]
             got = await store.get_many_into([(r, memoryview(d)) for r, d in zip(refs, dests)])
             assert all(g is not None for g in got) and dests == payloads
