@@ -84,6 +84,10 @@ class TierHints(Protocol):
 
     async def delete(self, data_keys: Sequence[bytes], *, timeout: float) -> int: ...
 
+    async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None: ...
+
+    async def release(self, data_keys: Sequence[bytes]) -> None: ...
+
 
 @dataclass(frozen=True)
 class GetResult:
@@ -418,6 +422,22 @@ class ChunkStore:
             log.warning("delete of %d chunk(s): lower tiers not confirmed: %s", len(keys), e)
             lower = 0
         return max(ram, int(lower or 0))
+
+    # ------------------------------------------------------------- lease, release
+
+    async def lease(self, chunk_ids: Sequence[str], ttl_s: float) -> None:
+        """Keep chunks loadable for an engine's lookup-and-lock: with tiering, their RAM copies
+        are not demoted and their lower-tier copies not removed for space until :meth:`release`
+        or ``ttl_s``. Valkey's own eviction (``maxmemory-policy``) is out of reach: a chunk it
+        drops meanwhile is a counted miss at load (docs/lmcache-mp.md)."""
+        if self.tiers is None or not chunk_ids:
+            return
+        await self.tiers.lease([self.namespace.data_key(c) for c in chunk_ids], ttl_s)
+
+    async def release(self, chunk_ids: Sequence[str]) -> None:
+        if self.tiers is None or not chunk_ids:
+            return
+        await self.tiers.release([self.namespace.data_key(c) for c in chunk_ids])
 
     async def list_ids(self, limit: int | None = None) -> list[str]:
         out: list[str] = []

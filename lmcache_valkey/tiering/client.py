@@ -6,7 +6,9 @@ The store calls (see ``lmcache_valkey.store.TierHints``)::
     await tiers.note_put(data_key, nbytes)                  # after a successful put (cheap)
     await tiers.note_hit(data_key)                          # after a RAM hit (cheap)
 
-and, for a coordinated delete across every tier, ``await tiers.delete(keys)``.
+and, for a coordinated delete across every tier, ``await tiers.delete(keys)``; for an
+engine's lookup-and-lock, ``await tiers.lease(keys, ttl_s)`` / ``await tiers.release(keys)``
+(embedded: at once; service: batched like hints, best effort, bounded by the lease's TTL).
 
 - embedded: ``TierClient.embedded(manager)`` calls the in-process :class:`TierManager`.
 - service: ``TierClient.remote(resp_client, settings)`` talks to ``tierd`` through Valkey
@@ -59,6 +61,8 @@ class TierClient:
         self._listener: asyncio.Task[None] | None = None
         self._puts: list[tuple[bytes, int]] = []
         self._hits: list[bytes] = []
+        self._leases: list[tuple[bytes, int]] = []
+        self._releases: list[bytes] = []
         self._hint_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # hint sends in flight (referenced until done)
         self.stats = {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0,
@@ -102,6 +106,21 @@ class TierClient:
             self.manager.note_hit(data_key)
             return
         self._hits.append(data_key)
+        self._hint_soon()
+
+    async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None:
+        if self.manager is not None:
+            self.manager.lease(data_keys, ttl_s)
+            return
+        ms = max(1, int(ttl_s * 1000))
+        self._leases.extend((k, ms) for k in data_keys)
+        self._hint_soon()
+
+    async def release(self, data_keys: Sequence[bytes]) -> None:
+        if self.manager is not None:
+            self.manager.release(data_keys)
+            return
+        self._releases.extend(data_keys)
         self._hint_soon()
 
     async def flush_hints(self) -> None:
@@ -204,12 +223,15 @@ class TierClient:
             if fut is not None and not fut.done():
                 fut.set_result((bool(msg.get("ok")), msg.get("result")))
 
+    def _pending_hints(self) -> int:
+        return len(self._puts) + len(self._hits) + len(self._leases) + len(self._releases)
+
     def _hint_soon(self) -> None:
-        over = len(self._puts) + len(self._hits) - HINT_MAX
-        if over > 0:
-            self.stats["hints_dropped"] += over
+        over = self._pending_hints() - HINT_MAX
+        if over > 0:  # hits first: a lost hit costs a little recency, a lost lease more
+            self.stats["hints_dropped"] += min(over, len(self._hits))
             del self._hits[: min(over, len(self._hits))]
-        if len(self._puts) + len(self._hits) >= HINT_BATCH:
+        if self._pending_hints() >= HINT_BATCH:
             t = asyncio.ensure_future(self._send_hints())
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -221,16 +243,18 @@ class TierClient:
         await self._send_hints()
 
     async def _send_hints(self) -> None:
-        if not (self._puts or self._hits):
+        if not self._pending_hints():
             return
-        puts, hits = self._puts, self._hits
-        self._puts, self._hits = [], []
-        msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits}
+        puts, hits, leases, releases = self._puts, self._hits, self._leases, self._releases
+        self._puts, self._hits, self._leases, self._releases = [], [], [], []
+        msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits,
+               "lease": [[k, ms] for k, ms in leases], "release": releases}
+        n = len(puts) + len(hits) + len(leases) + len(releases)
         try:
             await self._push(protocol.pack(msg), self.settings.op_timeout_s)
-            self.stats["hints_sent"] += len(puts) + len(hits)
+            self.stats["hints_sent"] += n
         except TransportError as e:
-            self.stats["hints_dropped"] += len(puts) + len(hits)
+            self.stats["hints_dropped"] += n
             log.debug("tier client: hints dropped: %s", e)
 
     async def _push(self, payload: bytes, timeout: float) -> None:

@@ -166,19 +166,30 @@ class Pins:
 
     @contextmanager
     def pin(self, key: bytes) -> Iterator[None]:
-        self._n[key] += 1
+        self.hold(key)
         try:
             yield
         finally:
-            self._n[key] -= 1
-            if self._n[key] <= 0:
-                del self._n[key]
-                for fn in self._deferred.pop(key, []):
-                    r = fn()
-                    if asyncio.iscoroutine(r):
-                        t = asyncio.ensure_future(r)
-                        self._tasks.add(t)  # referenced until done (the loop keeps only weak refs)
-                        t.add_done_callback(self._tasks.discard)
+            self.drop(key)
+
+    def hold(self, key: bytes) -> None:
+        """Take a pin that outlives one read (a lookup-and-lock lease); :meth:`drop` ends it."""
+        self._n[key] += 1
+
+    def drop(self, key: bytes) -> None:
+        """End one pin; at the last one, removals deferred meanwhile run."""
+        if self._n[key] <= 0:
+            del self._n[key]
+            return
+        self._n[key] -= 1
+        if self._n[key] <= 0:
+            del self._n[key]
+            for fn in self._deferred.pop(key, []):
+                r = fn()
+                if asyncio.iscoroutine(r):
+                    t = asyncio.ensure_future(r)
+                    self._tasks.add(t)  # referenced until done (the loop keeps only weak refs)
+                    t.add_done_callback(self._tasks.discard)
 
     def defer(self, key: bytes, fn: Callable[[], object]) -> bool:
         """Run ``fn`` now (returns False) or at the last unpin (returns True)."""

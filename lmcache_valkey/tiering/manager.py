@@ -26,6 +26,10 @@ Flows:
   a delete intent in Valkey first; object DELETEs the store cannot take now are resent by a
   background task, also after a restart (docs/tiering-tiers.md, "Delete, step by step").
 - promotion never frees RAM inline: under memory pressure it wakes the (single) demotion pass.
+- leases (:meth:`lease`/:meth:`release`, an engine's lookup-and-lock): a leased chunk's RAM
+  copy is skipped by demotion and its lower-tier copies are pinned (never evicted for
+  space; a delete meanwhile removes them at the release) until released or past the
+  lease's deadline, which bounds what a worker that died holding it can keep.
 
 Never imports: aiobotocore (only via .object_store), valkey-py, the store, the integrations.
 """
@@ -98,6 +102,8 @@ class TierManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._mem: MemoryState | None = None
+        # chunk -> [holders, deadline (monotonic), the lower tiers whose pins it holds]
+        self._leases: dict[bytes, list[Any]] = {}
         self._mem_at = 0.0
         self._closing = False
         self.stats_counters = {
@@ -196,6 +202,49 @@ class TierManager:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         return t
+
+    # --- leases (lookup-and-lock) -----------------------------------------------------------
+    def lease(self, keys: Sequence[bytes], ttl_s: float) -> None:
+        """Keep ``keys`` loadable for up to ``ttl_s``: no demotion of their RAM copies, no
+        removal of their lower-tier copies for space. Counted: each call needs a release."""
+        deadline = time.monotonic() + ttl_s
+        for k in keys:
+            e = self._leases.get(k)
+            if e is not None:
+                e[0] += 1
+                e[1] = max(e[1], deadline)
+                continue
+            held = [t for t in (self.nvme, self.s3) if t is not None]
+            for t in held:
+                t.pins.hold(k)
+            self._leases[k] = [1, deadline, held]
+
+    def release(self, keys: Sequence[bytes]) -> None:
+        """End one lease of each key (unknown or expired keys are ignored)."""
+        for k in keys:
+            e = self._leases.get(k)
+            if e is None:
+                continue
+            e[0] -= 1
+            if e[0] <= 0:
+                self._end_lease(k)
+
+    def leased(self, key: bytes) -> bool:
+        e = self._leases.get(key)
+        return e is not None and e[1] > time.monotonic()
+
+    def expire_leases(self) -> int:
+        """End leases past their deadline (their holder is gone or forgot to release)."""
+        now = time.monotonic()
+        late = [k for k, e in self._leases.items() if e[1] <= now]
+        for k in late:
+            self._end_lease(k)
+        return len(late)
+
+    def _end_lease(self, key: bytes) -> None:
+        e = self._leases.pop(key)
+        for t in e[2]:
+            t.pins.drop(key)
 
     # --- markers and index callbacks --------------------------------------------------------
     async def _sync_marker(self, key: bytes) -> None:
@@ -503,7 +552,7 @@ class TierManager:
     async def _free(self, need: int, *, exclude: bytes | None = None, idle_only: bool = False) -> int:
         freed = removed = 0
         for idle, key in await self._candidates():
-            if key == exclude or key in self._promoting:
+            if key == exclude or key in self._promoting or self.leased(key):
                 continue
             if freed >= need and not self.demotion.idle_enough(idle):
                 break
@@ -568,6 +617,7 @@ class TierManager:
                 pass
             self._wake.clear()
             try:
+                self.expire_leases()
                 await self.expire_once()
                 await self.demote_once()
                 if not self._listed:
@@ -790,7 +840,8 @@ class TierManager:
     # --- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"manager": dict(self.stats_counters), "index": self.index.stats(),
-                               "cost": self.cost.snapshot(), "chunks_indexed": len(self.index)}
+                               "cost": self.cost.snapshot(), "chunks_indexed": len(self.index),
+                               "leases": len(self._leases)}
         if self.nvme is not None:
             out["nvme"] = {**self.nvme.stats, "used_bytes": self.nvme.used_bytes, "budget_bytes": self.nvme.budget,
                            "direct_io": self.nvme.direct}
@@ -848,6 +899,10 @@ class TierManager:
                     self.note_put(bytes(k), int(n))
                 for k in msg.get("hit", ()):
                     self.note_hit(bytes(k))
+                # leases before releases: a batch never ends a lease it has not begun
+                for k, ms in msg.get("lease", ()):
+                    self.lease([bytes(k)], max(0, int(ms)) / 1000)
+                self.release([bytes(k) for k in msg.get("release", ())])
                 return
             ttl_ms = int(msg.get("ttl_ms", 1000))
             waited = int(time.time() * 1000) - int(msg.get("sent_ms", 0) or 0)
