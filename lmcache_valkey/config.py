@@ -149,6 +149,16 @@ def parse_size(key: str, v: Any) -> int:
 _as_size = parse_size
 
 
+def parse_bool(key: str, v: Any) -> bool:
+    """A boolean (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``), for every adapter's own keys."""
+    return _as_bool(key, v)
+
+
+def parse_seconds(key: str, v: Any) -> float:
+    """A positive, finite number of seconds (at most a day), for every adapter's own keys."""
+    return _as_float(key, v)
+
+
 def _as_int(key: str, v: Any, *, minimum: int, maximum: int) -> int:
     try:
         if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
@@ -356,6 +366,8 @@ __all__ = [
     "KNOWN_KEYS",
     "parse_url",
     "parse_size",
+    "parse_bool",
+    "parse_seconds",
     "settings_from_mapping",
     "settings_from_extra_config",
     "settings_from_url",

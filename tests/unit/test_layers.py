@@ -8,6 +8,9 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "lmcache_valkey"
 # third-party top-level module -> the only places allowed to import it
 FENCES = {
     "lmcache": ("integrations/lmcache/",),
+    # Only the vLLM tier's two edge modules; its settings, lookup book and job runner stay
+    # importable without vLLM.
+    "vllm": ("integrations/vllm/tier.py", "integrations/vllm/stats.py"),
     "torch": ("integrations/lmcache/", "demo.py"),
     "transformers": ("demo.py",),
     "prometheus_client": ("metrics.py",),
@@ -19,6 +22,8 @@ FENCES = {
 # lmcache_valkey subpackage -> subpackages it must never import
 FORBIDDEN = {
     "integrations/": ("transport",),  # integrations reach the servers only through the store
+    "integrations/vllm/": ("integrations.lmcache",),  # adapters share code below them, not with each other
+    "integrations/lmcache/": ("integrations.vllm",),
     "store.py": ("integrations",),
     "session.py": ("integrations",),
     "transport/": ("integrations", "store", "tiering"),

@@ -1,0 +1,67 @@
+"""vLLM's real TieringOffloadingManager driving the Valkey tier against a real Valkey."""
+
+from __future__ import annotations
+
+import pytest
+from vllmhelp import Layout, block_bytes, keys
+
+from vllm.v1.kv_offload.base import LookupResult
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_blocks_offloaded_by_one_server_load_byte_exact_into_another(valkey_server, engines) -> None:
+    writer = engines(valkey_server.url)
+    reader = engines(valkey_server.url)  # another vLLM server: its own, empty primary tier
+    ks = keys("system prompt + manual", 6)
+    writer.offload(ks)
+    got = reader.fetch(ks)
+    assert got == [block_bytes(k, writer.block_size) for k in ks]
+    stats = reader.tier.get_stats()
+    assert stats is not None
+    data = stats.data["data"]
+    assert data["vllm:kv_offload_valkey_blocks"][(reader.tier.tier_type, "load", "ok")] == 6
+
+
+def test_a_lookup_never_blocks_the_scheduler_it_is_answered_at_the_next_step(valkey_server, engines) -> None:
+    writer = engines(valkey_server.url)
+    reader = engines(valkey_server.url)
+    ks = keys("prefix", 3)
+    writer.offload(ks)
+    ctx = reader.ctx()
+    with reader.manager.lock:
+        reader.manager.on_new_request(ctx)
+    assert reader.lookup_all(ctx, ks) == [LookupResult.RETRY] * 3  # asked, not answered yet
+    assert reader.resolve(ctx, ks) == 3
+
+
+def test_the_prefix_stops_at_the_first_block_no_server_stored(valkey_server, engines) -> None:
+    writer = engines(valkey_server.url)
+    reader = engines(valkey_server.url)
+    ks = keys("partly cached", 5)
+    writer.offload(ks[:2])
+    writer.offload(ks[3:])
+    assert reader.fetch(ks) == [block_bytes(k, writer.block_size) for k in ks[:2]]
+
+
+@pytest.mark.parametrize("change", [
+    {"model": "test/another-model"},
+    {"dtype": "float16"},
+    {"tokens_per_block": 32},
+    {"worker_block_bytes": 32 << 10},
+    {"world_size": 2},
+    {"layers": ("model.layers.0.self_attn",)},
+])
+def test_a_different_layout_never_hits(valkey_server, engines, change) -> None:
+    writer = engines(valkey_server.url)
+    other = engines(valkey_server.url, layout=Layout().with_(**change))
+    ks = keys("shared prompt", 3)
+    writer.offload(ks)
+    assert other.fetch(ks) == []
+    assert engines(valkey_server.url).fetch(ks) == [block_bytes(k, writer.block_size) for k in ks]
+
+
+def test_tenants_do_not_see_each_others_blocks(valkey_server, engines) -> None:
+    engines(valkey_server.url, tier_settings={"tenant": "team-a"}).offload(keys("p", 2))
+    assert engines(valkey_server.url, tier_settings={"tenant": "team-b"}).fetch(keys("p", 2)) == []
+    assert len(engines(valkey_server.url, tier_settings={"tenant": "team-a"}).fetch(keys("p", 2))) == 2
