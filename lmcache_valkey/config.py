@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import ConfigError
+from .keys import SEGMENT_RE
 
 PLUGIN_PREFIX = "remote_storage_plugin."
 # Keys LMCache itself reads from the same extra_config namespace.
@@ -24,7 +25,6 @@ LMCACHE_OWN_KEYS = frozenset({"module_path", "class_name"})
 
 _SCHEMES_PLAIN = {"valkey", "redis"}
 _SCHEMES_TLS = {"valkeys", "rediss"}
-_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -203,19 +203,51 @@ def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, 
         raise ConfigError(key, "a URL like valkey://host:6379, valkeys://host:6380 or unix:///path/valkey.sock", _redact_url(url))
     scheme, rest = url.split("://", 1)
     scheme = scheme.lower()
+    if "@" in rest:
+        # A URL with credentials: no error may quote a fragment of it (a password with an
+        # unencoded '?', '/' or ':' would land in the host, port or query parts).
+        try:
+            return _parse_url(scheme, rest, key)
+        except ConfigError as e:
+            raise ConfigError(e.key.split("?", 1)[0], e.expected, _redact_url(url)) from None
+    return _parse_url(scheme, rest, key)
+
+
+def _split_userinfo(rest: str) -> tuple[str | None, str]:
+    """``user:pass@hosts...`` -> (``user:pass``, ``hosts...``). The userinfo runs to the last
+    '@' that a host list follows, so a password may hold '@', '?', '/' or '#' unencoded; an
+    '@' inside a query (``?tls_ca_file=/a@b/ca.pem`` after hosts that parse) is not one."""
+    for at in reversed([i for i, c in enumerate(rest) if c == "@"]):
+        if _HOSTS_RE.match(re.split(r"[/?]", rest[at + 1 :], maxsplit=1)[0]) and not _in_query(rest, at):
+            return rest[:at], rest[at + 1 :]
+    return None, rest
+
+
+def _in_query(rest: str, at: int) -> bool:
+    q = rest.find("?", 0, at)
+    if q == -1 or "=" not in rest[q:at]:
+        return False
+    hosts = rest[rest.rfind("@", 0, q) + 1 : q].split("/", 1)[0]
+    return bool(_HOSTS_RE.match(hosts))
+
+
+_HOSTS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:\d{1,5})?(,\s*(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:\d{1,5})?)*,?$")
+
+
+def _parse_url(scheme: str, rest: str, key: str) -> tuple[tuple[Node, ...], bool, int, dict[str, str], str | None, str | None]:
+    cred, rest = _split_userinfo(rest) if scheme != "unix" else (None, rest)
     query: dict[str, str] = {}
     if "?" in rest:
         rest, qs = rest.split("?", 1)
         query = dict(parse_qsl(qs, keep_blank_values=True))
     if scheme == "unix":
         if not rest.startswith("/"):
-            raise ConfigError(key, "unix:///absolute/path.sock", url)
+            raise ConfigError(key, "unix:///absolute/path.sock", "unix://" + rest)
         return (Node(path=rest),), False, 0, query, None, None
     if scheme not in _SCHEMES_PLAIN | _SCHEMES_TLS:
-        raise ConfigError(key, "scheme valkey://, valkeys://, redis://, rediss:// or unix://", _redact_url(url))
+        raise ConfigError(key, "scheme valkey://, valkeys://, redis://, rediss:// or unix://", scheme)
     username = password = None
-    if "@" in rest:
-        cred, rest = rest.rsplit("@", 1)
+    if cred is not None:
         if ":" in cred:
             u, p = cred.split(":", 1)
             username, password = (unquote(u) or None), unquote(p)
@@ -231,6 +263,8 @@ def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, 
         part = part.strip()
         if not part:
             continue
+        if not _HOSTS_RE.match(part):
+            raise ConfigError(key, "host:port (a name or address, and a port)", part)
         split = urlsplit("//" + part)
         try:
             port = 6379 if split.port is None else split.port
@@ -242,7 +276,7 @@ def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, 
             raise ConfigError(key, "host:port", part)
         nodes.append(Node(split.hostname, port))
     if not nodes:
-        raise ConfigError(key, "at least one host:port", _redact_url(url))
+        raise ConfigError(key, "at least one host:port", rest)
     return tuple(nodes), scheme in _SCHEMES_TLS, db, query, username, password
 
 
@@ -277,7 +311,7 @@ KNOWN_KEYS = frozenset(_SIMPLE) | _TLS_KEYS | _FABRIC_KEYS | {"url", "password_f
 
 
 def _check_tenant(key: str, v: str) -> str:
-    if not _TENANT_RE.match(v):
+    if not SEGMENT_RE.match(v):
         raise ConfigError(key, "1-64 characters of letters, digits, '_', '.', '-'", v)
     return v
 
@@ -287,7 +321,8 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
     env = os.environ if env is None else env
     unknown = sorted(k for k in raw if k not in KNOWN_KEYS and k not in LMCACHE_OWN_KEYS)
     if unknown:
-        raise ConfigError(unknown[0], "one of the known keys: " + ", ".join(sorted(KNOWN_KEYS)), raw[unknown[0]])
+        # The value is not quoted: a misspelt secret key ("pasword") must not echo the secret.
+        raise ConfigError(unknown[0], "one of the known keys: " + ", ".join(sorted(KNOWN_KEYS)))
     values: dict[str, Any] = {}
     url_user = url_pass = None
     tls_on = False
@@ -297,6 +332,8 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
         values.update(nodes=nodes, db=db)
         for qk, qv in query.items():  # explicit keys beat the URL's query string
             if qk not in KNOWN_KEYS or qk == "url":
+                if "@" in raw["url"]:  # the "key" may be part of a password with a '?' in it
+                    raise ConfigError("url", "known settings in the query string", _redact_url(raw["url"]))
                 raise ConfigError(f"url?{qk}", "a known setting in the query string", qv)
             merged.setdefault(qk, qv)
     for k, (name, parse) in _SIMPLE.items():

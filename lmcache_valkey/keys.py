@@ -20,14 +20,45 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .errors import ConfigError
 
 FORMAT_VERSION = 1
 DATA = "c"
 TIER_MARKER = "t"
+
+# The grammar of every key segment (docs/security.md, "Object storage keys"). Segments
+# reach object keys and file names, so none may hold '/', ':', '{', '}', glob characters,
+# or be '.'/'..': a prefix, tenant or namespace is 1-64 of [A-Za-z0-9_.-] starting with a
+# letter or digit; a chunk id is lowercase hex.
+SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # use with .match
+CHUNK_ID_RE = re.compile(r"[0-9a-f]{1,64}\Z")
+_DATA_KEY_RE = re.compile(
+    rb"([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([A-Za-z0-9][A-Za-z0-9_.-]{0,63})"
+    rb":" + DATA.encode() + rb":\{([0-9a-f]{1,64})\}"
+)
+MAX_KEY_BYTES = 256  # longer than any key of the schema
+
+
+class DataKey(NamedTuple):
+    """The segments of a chunk's data key, each checked against its grammar."""
+
+    prefix: str
+    tenant: str
+    digest: str
+    chunk_id: str
+
+
+def parse_data_key(key: bytes) -> DataKey:
+    """``<prefix>:<tenant>:<namespace>:c:{<chunk id>}`` -> its segments; ValueError for
+    anything else (a '/', '..', glob character or non-hex id in any segment included)."""
+    m = _DATA_KEY_RE.fullmatch(key) if isinstance(key, bytes) and len(key) <= MAX_KEY_BYTES else None
+    if m is None:
+        raise ValueError(f"not a data key of the key schema: {bytes(key)[:80]!r}")
+    return DataKey(*(g.decode() for g in m.groups()))
 
 
 def fingerprint(fields: Mapping[str, Any]) -> str:

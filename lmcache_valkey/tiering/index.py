@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..keys import DATA, TIER_MARKER
+from ..keys import DATA, TIER_MARKER, parse_data_key
 
 TIER_LETTERS = {"nvme": "n", "s3": "s"}
 LOWER_TIERS = ("nvme", "s3")  # fastest first
@@ -40,11 +40,10 @@ def data_of(marker_key: bytes) -> bytes:
 
 
 def split_data_key(data_key: bytes) -> tuple[str, str, str, str]:
-    """``<prefix>:<tenant>:<ns digest>:c:{<id>}`` -> (prefix, tenant, digest, id)."""
-    parts = data_key.decode().split(":")
-    if len(parts) != 5 or parts[3] != DATA or not (parts[4].startswith("{") and parts[4].endswith("}")):
-        raise ValueError(f"not a data key: {data_key!r}")
-    return parts[0], parts[1], parts[2], parts[4][1:-1]
+    """``<prefix>:<tenant>:<ns digest>:c:{<id>}`` -> (prefix, tenant, digest, id), every
+    segment checked against the key grammar (ValueError otherwise): what reaches an object
+    key or a file name never holds '/', '..' or another tenant's path."""
+    return tuple(parse_data_key(data_key))  # type: ignore[return-value]
 
 
 @dataclass

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 from .. import codec
 from ..config import Settings
 from ..errors import ServerError, TransportError
-from . import _metrics, protocol
+from . import _metrics, protocol, requests
 from ..keys import Namespace
 from .index import LOWER_TIERS, ChunkRead, TierIndex, data_of, marker_of, marker_value, split_data_key
 from .nvme import NvmeTier
@@ -97,6 +97,8 @@ class TierManager:
         self._serve_sem = asyncio.Semaphore(_SERVE_MAX)
         self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
         self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
+        self._scope = requests.TenantScope(self.key_prefix, self.tenant)  # what requests may name
+        self._bad_log = requests.RateLimitedLog(log, "tierd: bad request refused")
         self._deleter: asyncio.Task[int] | None = None
         self._exp_unknown: set[bytes] = set()  # listed objects whose expiry is not known yet
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -169,6 +171,17 @@ class TierManager:
             (log.debug if quiet else log.warning)("tiering: delete intents unreadable (%s); retried in the background", e)
             return set()
         keys = {bytes(k) for k in r or ()}
+        # Workers write this hash: an intent naming anything but this tenant's chunks is
+        # never applied (tierd may run with a wider account), and is removed.
+        foreign = {k for k in keys if not self._scope.owns(k)}
+        if foreign:
+            keys -= foreign
+            self.stats_counters["bad_requests"] += len(foreign)
+            self._bad_log.note(f"{len(foreign)} delete intent(s) outside tenant {self.tenant!r} ignored")
+            try:
+                await self.valkey.command(b"HDEL", self._del_key, *foreign, key=self._del_key, timeout=self.timeout)
+            except TransportError as e:
+                log.debug("tiering: foreign delete intents not removed: %s", e)
         self._intents |= keys
         return keys
 
@@ -883,52 +896,45 @@ class TierManager:
         t.add_done_callback(lambda _t: self._serve_sem.release())
 
     async def _handle(self, raw: bytes) -> None:
+        """Act on one request, checked first (requests.py): a malformed one, or one naming
+        anything outside this tenant, is counted, logged and answered with an error."""
         self.stats_counters["requests"] += 1
         try:
-            msg = protocol.unpack(raw)
-            op = msg["op"]
-        except Exception:  # noqa: BLE001
+            req = requests.parse_request(raw, self._scope)
+        except requests.BadRequest as e:
             self.stats_counters["bad_requests"] += 1
-            log.warning("tierd: unreadable request dropped")
+            self._bad_log.note(e.reason)
+            if e.reply is not None:
+                await self._reply(e.reply, protocol.pack({"id": e.id, "ok": False, "result": f"bad request: {e.reason}"}))
             return
         result: Any = None
         ok = True
+        ttl = req.ttl_ms / 1000
         try:
-            if op == "hint":
-                for k, n in msg.get("put", ()):
-                    self.note_put(bytes(k), int(n))
-                for k in msg.get("hit", ()):
-                    self.note_hit(bytes(k))
+            if req.op == "hint":
+                for k, n in req.puts:
+                    self.note_put(k, n)
+                for k in req.hits:
+                    self.note_hit(k)
                 # leases before releases: a batch never ends a lease it has not begun
-                for k, ms in msg.get("lease", ()):
-                    self.lease([bytes(k)], max(0, int(ms)) / 1000)
-                self.release([bytes(k) for k in msg.get("release", ())])
+                for k, ms in req.leases:
+                    self.lease([k], ms / 1000)
+                self.release(req.releases)
                 return
-            ttl_ms = int(msg.get("ttl_ms", 1000))
-            waited = int(time.time() * 1000) - int(msg.get("sent_ms", 0) or 0)
-            if msg.get("sent_ms") and 0 < waited:  # time spent in the list (clocks may differ: never negative)
-                ttl_ms -= waited
-            ttl = ttl_ms / 1000
-            if op == "promote":
-                result = await self.promote(bytes(msg["key"]), timeout=ttl) if ttl > 0 else False
-            elif op == "stats":
+            if req.op == "promote":
+                result = await self.promote(req.key, timeout=ttl) if ttl > 0 else False
+            elif req.op == "stats":
                 result = self.stats()
-            elif op == "evict":
-                keys = [bytes(k) for k in msg["keys"]] if msg.get("keys") is not None else None
-                pfx = bytes(msg["prefix"]) if msg.get("prefix") is not None else None
-                result = await self.evict(str(msg["tier"]), keys=keys, prefix=pfx)
-            elif op == "drain":
-                result = await self.flush(float(msg.get("timeout_s", max(ttl, 0.001))))
-            elif op == "delete":
-                result = await self.delete([bytes(k) for k in msg["keys"]], timeout=max(ttl, 0.001))
-            else:
-                ok, result = False, f"unknown op {op!r}"
+            elif req.op == "evict":
+                result = await self.evict(req.tier, keys=req.keys, prefix=req.prefix)
+            elif req.op == "drain":
+                result = await self.flush(min(req.timeout_s, max(ttl, 0.001)))
+            elif req.op == "delete":
+                result = await self.delete(req.keys, timeout=max(ttl, 0.001))
         except Exception as e:  # noqa: BLE001 - the reply carries it
             ok, result = False, f"{type(e).__name__}: {e}"
-        reply = msg.get("reply")
-        if not reply:
-            return
-        await self._reply(bytes(reply), protocol.pack({"id": msg.get("id"), "ok": ok, "result": result}))
+        if req.reply is not None:
+            await self._reply(req.reply, protocol.pack({"id": req.id, "ok": ok, "result": result}))
 
     async def _reply(self, reply: bytes, payload: bytes) -> None:
         """RPUSH + PEXPIRE as one script, so a reply list never exists without its TTL (a

@@ -44,7 +44,7 @@ from .. import codec
 from ..errors import CorruptChunk
 from . import _metrics
 from .buffers import BufferPool
-from .index import ChunkRead, Pins
+from .index import ChunkRead, Pins, split_data_key
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ class NvmeTier:
 
     # --- paths ---------------------------------------------------------------------------
     def path_of(self, key: bytes) -> str:
+        """The file of a (checked) data key: a digest of it, so no key can name a path."""
         h = hashlib.blake2b(key, digest_size=16).hexdigest()
         return os.path.join(self.root, h[:2], h[2:4], h)
 
@@ -237,6 +238,10 @@ class NvmeTier:
                     st = os.stat(path)
                     n = self._pread_into(path, memoryview(buf), 0, PRELUDE)
                     key, vlen, exp, _h = _decode_prelude(memoryview(buf)[:n])
+                    try:
+                        split_data_key(key)
+                    except ValueError:
+                        raise CorruptChunk("foreign", "the file names a key outside the key schema") from None
                     if self.path_of(key) != path:
                         raise CorruptChunk("foreign", "file name does not match its key")
                     if st.st_size < PRELUDE + vlen - codec.HEADER_SIZE:
@@ -286,6 +291,7 @@ class NvmeTier:
             return True
         if key in self._writing:
             return await asyncio.shield(self._writing[key])
+        split_data_key(key)  # ValueError: only keys of the schema, every segment checked, reach the disk
         views = [memoryview(p).cast("B") for p in parts]
         value_len = sum(v.nbytes for v in views)
         disk = PRELUDE + _align(value_len - codec.HEADER_SIZE)

@@ -161,32 +161,32 @@ class ObjectTier:
             "enqueued": 0, "dropped": 0, "uploaded": 0, "upload_failures": 0, "retries": 0,
             "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "deleted": 0, "bytes_uploaded": 0,
             "bytes_read": 0, "breaker_rejections": 0, "conditional_exists": 0, "multipart": 0,
-            "rejected": 0, "gave_up": 0, "format_misses": 0, "delete_skipped_newer": 0,
+            "rejected": 0, "gave_up": 0, "format_misses": 0, "delete_skipped_newer": 0, "bad_keys": 0,
         }
 
     # --- naming ----------------------------------------------------------------------------
     def object_key(self, data_key: bytes) -> str:
-        try:
-            prefix, tenant, digest, cid = split_data_key(data_key)
-            return f"{self.prefix}/{tenant}/{prefix}/{digest}/{cid}"
-        except ValueError:
-            enc = base64.urlsafe_b64encode(data_key).decode().rstrip("=")
-            return f"{self.prefix}/_/raw/{enc}"
+        """The object key of a data key. Every segment is checked first (ValueError): a key
+        like ``...:c:{../../tenant-b/...}`` never becomes another tenant's object key."""
+        prefix, tenant, digest, cid = split_data_key(data_key)
+        return f"{self.prefix}/{tenant}/{prefix}/{digest}/{cid}"
 
     def data_key_of(self, object_key: str) -> bytes | None:
+        """The data key an object holds, or None for an object outside the layout (a listing
+        skips it: someone else's object, or one named against the key grammar)."""
         rest = object_key[len(self.prefix) + 1 :] if object_key.startswith(self.prefix + "/") else None
         if rest is None:
             return None
         parts = rest.split("/")
-        if len(parts) == 4 and parts[0] != "_":
-            tenant, prefix, digest, cid = parts
-            return f"{prefix}:{tenant}:{digest}:c:{{{cid}}}".encode()
-        if len(parts) == 3 and parts[0] == "_" and parts[1] == "raw":
-            try:
-                return base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
-            except ValueError:
-                return None
-        return None
+        if len(parts) != 4:
+            return None
+        tenant, prefix, digest, cid = parts
+        key = f"{prefix}:{tenant}:{digest}:c:{{{cid}}}".encode()
+        try:
+            split_data_key(key)
+        except ValueError:
+            return None
+        return key
 
     def tenant_prefix(self, tenant: str) -> str:
         return f"{self.prefix}/{tenant}/"
@@ -238,6 +238,12 @@ class ObjectTier:
 
         ``gen``: the caller's generation of ``key``; ``is_wanted(key, gen)`` is asked before
         and after the upload, so a delete (which changes the generation) drops or undoes it."""
+        try:
+            self.object_key(key)
+        except ValueError as e:
+            self.stats["bad_keys"] += 1
+            log.warning("object tier: upload refused: %s", e)
+            return False
         mv = memoryview(value).cast("B")
         if self.backlog < self.ts.flush_queue_max and (
             self._bytes + mv.nbytes <= self.ts.flush_queue_max_bytes or not self.backlog

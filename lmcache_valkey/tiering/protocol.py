@@ -56,3 +56,15 @@ def unpack(data: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise ValueError("message is not a map")
     return msg
+
+
+def unpack_bounded(data: bytes, *, max_str: int, max_bin: int, max_array: int, max_map: int) -> Any:
+    """Decode an untrusted message; no string, byte string, array or map longer than its
+    bound is built (ValueError names what was wrong). No extension types."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=max_str, max_bin_len=max_bin,
+                               max_array_len=max_array, max_map_len=max_map, max_ext_len=0)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - msgpack's other errors (TypeError for a bad map key, ...)
+        raise ValueError(f"{type(e).__name__}: {e}") from None

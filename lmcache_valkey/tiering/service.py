@@ -93,7 +93,7 @@ async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = N
         await manager.start()
         if args.metrics_port is not None:
             metrics_server = _metrics.start_http_server(args.metrics_port, health=lambda: not stop.is_set())
-        log.info("tierd: serving tenant %s on %s", args.tenant, args.valkey_url)
+        log.info("tierd: serving tenant %s on %s", args.tenant, settings.url_for_humans)
         if ready is not None:
             ready.set()
         server = asyncio.create_task(manager.serve_requests(stop))

@@ -24,16 +24,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_tierd_process_cli_controls_and_sigterm(small_valkey, nvme_dir, moto_s3) -> None:
-    async def make_bucket() -> None:
-        from lmcache_valkey.tiering.object_store import ObjectTier
-        from lmcache_valkey.tiering.settings import tiering_settings_from_mapping
-
-        o = ObjectTier(tiering_settings_from_mapping({"s3_bucket": moto_s3.bucket, "s3_endpoint_url": moto_s3.url}))
-        await o.start()
-        await o.create_bucket()
-        await o.close()
-
-    asyncio.run(make_bucket())
+    moto_s3.create_bucket()
     env = dict(os.environ)
     proc = subprocess.Popen(
         [sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",

@@ -47,6 +47,20 @@ class MotoS3:
             self.server.stop()
             self.server = None
 
+    def create_bucket(self) -> None:
+        """Create this test's bucket through the object tier (from sync code)."""
+        import asyncio
+
+        from lmcache_valkey.tiering.object_store import ObjectTier
+
+        async def create() -> None:
+            o = ObjectTier(tiering_settings_from_mapping({"s3_bucket": self.bucket, "s3_endpoint_url": self.url}))
+            await o.start()
+            await o.create_bucket()
+            await o.close()
+
+        asyncio.run(create())
+
 
 class StallProxy:
     """A TCP proxy in front of moto (same event loop as the test): ``stall = True`` makes the

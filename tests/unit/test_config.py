@@ -1,5 +1,7 @@
 """A user's settings are checked once, at start-up, with errors that name the key."""
 
+import re
+
 import pytest
 
 from lmcache_valkey.config import settings_from_extra_config, settings_from_mapping, settings_from_url
@@ -98,3 +100,30 @@ def test_errors_never_echo_secrets():
 def test_values_that_could_only_fail_later_fail_now(raw):
     with pytest.raises(ConfigError):
         settings_from_mapping(raw, env={})
+
+
+@pytest.mark.parametrize("password", ["Qz?Kx7", "Qz/Kx?W", "Qz#Kx", "Q@z:K?x", "77?Qz", "77/Qz", "Qz?a=b"])
+def test_a_password_with_url_delimiters_parses_or_fails_without_quoting_it(password):
+    url = f"valkey://alice:{password}@127.0.0.1:6379"
+    s = settings_from_url(url, env={})
+    assert (s.username, s.password, [n.name for n in s.nodes]) == ("alice", password, ["127.0.0.1:6379"])
+    pieces = [p for p in re.split(r"[^A-Za-z0-9]", password) if len(p) >= 2]
+    for bad in (f"valkey://alice:{password}@127.0.0.1:99999", f"valkey://{password}@h:1/99",
+                f"valkey://alice:{password}@h:1?nope=1", f"valkey://{password}@", f"valkey://{password}@h:x"):
+        with pytest.raises(ConfigError) as e:
+            settings_from_url(bad, env={})
+        assert not [p for p in pieces if p in str(e.value)], (bad, str(e.value))
+
+
+def test_an_at_sign_in_the_query_is_not_a_userinfo(tmp_path):
+    ca = tmp_path / "a@b"
+    ca.mkdir()
+    (ca / "ca.pem").write_text("x")
+    s = settings_from_url(f"valkey://h:1?tls_ca_file={ca}/ca.pem", env={})
+    assert s.password is None and [n.name for n in s.nodes] == ["h:1"] and s.tls.ca_file == f"{ca}/ca.pem"
+
+
+def test_an_unknown_key_is_named_without_its_value():
+    with pytest.raises(ConfigError) as e:
+        settings_from_mapping({"pasword": "hunter2-secret"}, env={})
+    assert "pasword" in str(e.value) and "hunter2" not in str(e.value)
