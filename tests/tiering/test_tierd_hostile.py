@@ -154,7 +154,8 @@ def test_requests_naming_another_tenant_are_refused_and_touch_nothing(valkey_ser
         assert r["ok"] is False and "bad request" in r["result"] and "tenant 't1'" in r["result"], (msg, r)
 
     # Hints naming other tenants' chunks would make tierd copy them into t1's tiers.
-    tierd.push(protocol.pack({"op": "hint", "put": [[v2, 4096], [v10, 4096]], "hit": [v2]}))
+    tierd.push(protocol.pack({"op": "hint", "put": [[v2, 4096], [v10, 4096]], "hit": [v2]}),
+               protocol.pack({"op": "hint", "lease": [[v2, 60_000]], "release": [v10]}))
     # A reply list of another tenant is never written, not even with an error.
     tierd.push(protocol.pack({"op": "stats", "id": 1, "reply": T2_REP}))
     tierd.push(protocol.pack({"op": "promote", "key": v2, "id": 2, "reply": T2_REP}))
@@ -175,7 +176,7 @@ def test_requests_naming_another_tenant_are_refused_and_touch_nothing(valkey_ser
     objects = _bucket_keys(moto_s3)
     assert len(objects) == 1 and objects[0].startswith("lmcache-valkey/t1/lmcv/"), objects
     st = tierd.stats()
-    assert st["manager"]["bad_requests"] >= len(attacks) + 4
+    assert st["manager"]["bad_requests"] >= len(attacks) + 5
     assert "bad request refused" in tierd.log()
 
     # and t1's own chunk still comes back from NVMe after its RAM copy is evicted
@@ -209,6 +210,7 @@ def _fuzz_requests(n: int, seed: int = 8) -> list[bytes]:
     key = b"lmcv:t1:" + NS.digest.encode() + b":c:{" + b"1" * 32 + b"}"
     templates = [
         {"op": "hint", "put": [[key, 100]], "hit": [key]},
+        {"op": "hint", "lease": [[key, 100]], "release": [key]},
         {"op": "promote", "key": key, "reply": T1_REP, "id": 5, "ttl_ms": 500},
         {"op": "evict", "tier": "nvme", "keys": [key], "reply": T1_REP, "id": 6},
         {"op": "evict", "tier": "ram", "prefix": b"lmcv:t1:", "reply": T1_REP, "id": 7},
