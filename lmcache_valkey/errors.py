@@ -77,7 +77,7 @@ class CorruptChunk(LmcacheValkeyError):
     """A stored value failed validation (bad magic, CRC, length, or a foreign key).
 
     ``reason`` is one of ``truncated``, ``crc``, ``foreign``, ``oversized``,
-    ``format`` and is used as the metrics label of the counted miss.
+    ``format``, ``layout`` and is used as the metrics label of the counted miss.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

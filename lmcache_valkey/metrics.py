@@ -88,6 +88,7 @@ MISS_CAUSES = (
     "truncated",  # shorter than its header says
     "foreign",  # header belongs to another namespace
     "format",  # unknown wire-format version
+    "layout",  # stored shapes/dtypes/format do not fit the reader's buffer
     "connection",  # connection lost or refused
     "acl",  # NOPERM / auth
     "oversized",  # larger than the destination buffer

@@ -188,6 +188,7 @@ class ChunkStore:
         items: Sequence[tuple[ChunkRef, memoryview]],
         *,
         on_release: Callable[[int], None] | None = None,
+        accept: Callable[[int, ChunkMeta], bool] | None = None,
     ) -> list[GetResult | None]:
         """Read each chunk's payload into its buffer. Verified hits or ``None``; never raises for a miss.
 
@@ -195,6 +196,10 @@ class ChunkStore:
         buffer may be reused: with RESP before this returns (or raises); with RMA when the
         server's transfer is known to be over, which can be later, and is never for a
         transfer the server left in flight (it stays quarantined rather than reused).
+
+        ``accept(i, meta)``: whether item i's stored layout (shapes, dtypes, format from the
+        chunk header) fits the caller's buffer; a refused chunk is a counted ``layout`` miss
+        and stays in place (another deployment's valid chunk).
         """
         if not items:
             return []
@@ -202,7 +207,7 @@ class ChunkStore:
         deadline = started + self.settings.op_timeout_s
         rel = _Releases(len(items), on_release, getattr(self.transport, "supports_release_callbacks", False))
         try:
-            results = await self._read_round(items, deadline, rel=rel)
+            results = await self._read_round(items, deadline, rel=rel, accept=accept)
             if self.tiers is not None:
                 missing = [i for i, r in enumerate(results) if r is _ABSENT]
                 if missing:
@@ -210,7 +215,7 @@ class ChunkStore:
                     again = [i for i, ok in zip(missing, promoted) if ok]
                     if again:
                         second = await self._read_round([items[i] for i in again], deadline, tier="ram",
-                                                        rel=rel, index=again)
+                                                        rel=rel, index=again, accept=accept)
                         for i, r in zip(again, second):
                             results[i] = r
         except BaseException:
@@ -237,6 +242,7 @@ class ChunkStore:
         *,
         rel: "_Releases",
         index: Sequence[int] | None = None,
+        accept: Callable[[int, ChunkMeta], bool] | None = None,
     ) -> list[GetResult | None | object]:
         """One pass over the transport. Returns GetResult, None (counted miss) or _ABSENT."""
         headers = [bytearray(HEADER_SIZE) for _ in items]
@@ -279,6 +285,8 @@ class ChunkStore:
                     raise CorruptChunk("truncated", f"value of {value_len} bytes")
                 h = codec.decode_header(header)
                 codec.check(h, value_len, dest, self.namespace.digest_bytes, key_digest(ref.key_string), verify_crc=False)
+                if accept is not None and not accept(index[i] if index else i, h.meta):
+                    raise CorruptChunk("layout", f"stored as {h.meta.shapes} {h.meta.dtypes} fmt {h.meta.fmt}")
             except CorruptChunk as e:
                 self._reject(key, tier, e)
                 continue
@@ -305,8 +313,10 @@ class ChunkStore:
         other version's workers still read it.
         """
         metrics.record_miss(tier, e.reason)
-        if e.reason == "format":
-            log.info("chunk %s has another format version (%s): a miss, left in place", key.decode(), e)
+        if e.reason in ("format", "layout"):
+            # another format version (a rolling upgrade) or another layout (a deployment
+            # whose chunks the reader cannot use): valid for its writers, left in place
+            log.info("chunk %s is not for this reader (%s): a miss, left in place", key.decode(), e)
             return
         log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
         self._spawn(self._delete_bad(key))
@@ -439,12 +449,59 @@ class ChunkStore:
             return
         await self.tiers.release([self.namespace.data_key(c) for c in chunk_ids])
 
+    async def touch(self, chunk_ids: Sequence[str]) -> None:
+        """The engine used these chunks without reading them here: with tiering, recency and
+        admission count it like a hit."""
+        if self.tiers is None:
+            return
+        for c in chunk_ids:
+            await self.tiers.note_hit(self.namespace.data_key(c))
+
     async def list_ids(self, limit: int | None = None) -> list[str]:
         out: list[str] = []
-        async for key in self.transport.scan_iter(self.namespace.data_pattern()):
-            out.append(self.namespace.chunk_id_of(key))
+        async for chunk in self.iter_ids():
+            out.append(chunk)
             if limit is not None and len(out) >= limit:
                 break
+        return out
+
+    async def iter_ids(self) -> AsyncIterator[str]:
+        """Chunk ids of this namespace in Valkey RAM, as the server's SCAN yields them."""
+        async for key in self.transport.scan_iter(self.namespace.data_pattern()):
+            yield self.namespace.chunk_id_of(key)
+
+    async def peek_headers(self, chunk_ids: Sequence[str]) -> list[codec.Header | None]:
+        """Each chunk's verified header (metadata, payload length) without moving its payload:
+        ``GETRANGE`` over RESP, a header-sized RMA window over fabric. ``None``: absent,
+        unreadable, or not a valid header of this namespace."""
+        if not chunk_ids:
+            return []
+        keys = [self.namespace.data_key(c) for c in chunk_ids]
+        bufs = [bytearray(HEADER_SIZE) for _ in keys]
+        timeout = self.settings.op_timeout_s
+        getrange = getattr(self.transport, "getrange_into", None)
+        try:
+            if getrange is not None:
+                got = await asyncio.wait_for(asyncio.gather(
+                    *(getrange(k, 0, memoryview(b), timeout=timeout) for k, b in zip(keys, bufs)),
+                    return_exceptions=True), timeout + _GRACE_S)
+            else:
+                got = await asyncio.wait_for(self.transport.get_many_into(
+                    [(k, [memoryview(b)]) for k, b in zip(keys, bufs)], timeout=timeout), timeout + _GRACE_S)
+        except (TransportError, asyncio.TimeoutError) as e:
+            log.warning("reading %d chunk headers failed: %s", len(keys), e)
+            return [None] * len(keys)
+        out: list[codec.Header | None] = []
+        for g, b in zip(got, bufs):
+            if not isinstance(g, int) or isinstance(g, bool) or g < HEADER_SIZE:
+                out.append(None)
+                continue
+            try:
+                h = codec.decode_header(b)
+            except CorruptChunk:
+                out.append(None)
+                continue
+            out.append(h if h.namespace_digest == self.namespace.digest_bytes else None)
         return out
 
     def register_memory(self, addr: int, length: int) -> bool:

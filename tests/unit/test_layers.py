@@ -7,11 +7,11 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "lmcache_valkey"
 
 # third-party top-level module -> the only places allowed to import it
 FENCES = {
-    "lmcache": ("integrations/lmcache/",),
+    "lmcache": ("integrations/lmcache/", "integrations/lmcache_mp/"),
     # Only the vLLM tier's two edge modules; its settings, lookup book and job runner stay
     # importable without vLLM.
     "vllm": ("integrations/vllm/tier.py", "integrations/vllm/stats.py"),
-    "torch": ("integrations/lmcache/", "demo.py"),
+    "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "demo.py"),
     "transformers": ("demo.py",),
     "prometheus_client": ("metrics.py",),
     "cffi": ("transport/fabric/",),
