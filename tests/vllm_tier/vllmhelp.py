@@ -12,7 +12,6 @@ to the GPU.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,8 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
+from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 TIER = {"type": "ValkeySecondaryTier", "module_path": "lmcache_valkey.integrations.vllm.tier"}
@@ -206,5 +207,61 @@ class Engine:
         self.manager.shutdown()
 
 
-def shm_leftovers(engine: Engine) -> list[str]:
-    return [f for f in os.listdir("/dev/shm") if engine.spec.config.engine_id in f]
+SLOTS = 8
+BLOCK = 256 << 10
+
+
+class Harness:
+    """One tier alone, built the way vLLM builds it (``SecondaryTierFactory`` from a
+    ``secondary_tiers`` entry) over a primary view shaped like vLLM's ``(slots, block
+    bytes)``, and the calls vLLM's tiering manager would make on it."""
+
+    def __init__(self, url: str, *, events: bool = False, **settings) -> None:
+        entry = {**TIER, "url": url, **settings}
+        self.spec = TieringOffloadingSpec(offloading_config(Layout(worker_block_bytes=BLOCK), [entry], events=events))
+        self.primary = bytearray(SLOTS * BLOCK)
+        self.view = memoryview(self.primary).cast("B", (SLOTS, BLOCK))
+        self.tier = SecondaryTierFactory.create_secondary_tier(entry, self.view, self.spec)
+        self.ctx = ReqContext(req_id="test")
+        self._next_job = 0
+
+    def slot(self, i: int) -> bytes:
+        return bytes(self.primary[i * BLOCK:(i + 1) * BLOCK])
+
+    def fill(self, i: int, data: bytes) -> None:
+        self.primary[i * BLOCK:(i + 1) * BLOCK] = data
+
+    def job(self, ks: list[OffloadKey], slots: list[int], promotion: bool = False) -> TransferJob:
+        import numpy as np
+
+        self._next_job += 1
+        return TransferJob(job_id=self._next_job, keys=ks, chunk_ids=np.array(slots, dtype=np.int32),
+                           is_promotion=promotion, req_context=self.ctx)
+
+    def store(self, ks: list[OffloadKey], slots: list[int]) -> list[JobResult]:
+        for k, s in zip(ks, slots):
+            self.fill(s, block_bytes(k, BLOCK))
+        self.tier.submit_store(self.job(ks, slots))
+        return self.drain()
+
+    def load(self, ks: list[OffloadKey], slots: list[int]) -> list[JobResult]:
+        self.tier.submit_load(self.job(ks, slots, promotion=True))
+        return self.drain()
+
+    def drain(self) -> list[JobResult]:
+        self.tier.drain_jobs()
+        return list(self.tier.get_finished_jobs())
+
+    def lookup_and_wait(self, ks: list[OffloadKey], ctx: ReqContext | None = None) -> list[LookupResult]:
+        ctx = ctx or self.ctx
+        deadline = time.monotonic() + 30
+        while True:
+            results = [self.tier.lookup(k, ctx) for k in ks]
+            if LookupResult.RETRY not in results or time.monotonic() > deadline:
+                return results
+            self.tier.on_schedule_end(STEP)
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.tier.shutdown()
+
