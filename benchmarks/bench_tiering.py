@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from lmcache_valkey import codec  # noqa: E402
-from lmcache_valkey.keys import Namespace, key_digest  # noqa: E402
+from lmcache_valkey.keys import Namespace  # noqa: E402
 
 NS = Namespace(prefix="lmcv", tenant="bench", digest="b" * 32)
 MiB = 1 << 20
@@ -37,7 +37,7 @@ MiB = 1 << 20
 def make_chunk(i: int, size: int) -> tuple[bytes, bytes]:
     payload = os.urandom(size)
     meta = codec.ChunkMeta(shapes=((size,),), dtypes=("uint8",), fmt=1, key=f"bench{i}")
-    header = codec.encode_header(meta, payload, NS.digest_bytes, key_digest(f"bench{i}"))
+    header = codec.encode_header(meta, payload, NS.digest_bytes, NS.key_digest(f"bench{i}"))
     return NS.data_key(f"{i:032x}"), bytes(header) + payload
 
 

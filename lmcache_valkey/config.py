@@ -3,7 +3,8 @@
 Sources, in order of precedence: LMCache ``extra_config``
 (``remote_storage_plugin.<name>.<key>``), then the query string of ``url``, then
 environment variables for secrets (``LMCACHE_VALKEY_USERNAME``,
-``LMCACHE_VALKEY_PASSWORD``, ``LMCACHE_VALKEY_PASSWORD_FILE``). Every bad or
+``LMCACHE_VALKEY_PASSWORD``, ``LMCACHE_VALKEY_PASSWORD_FILE``,
+``LMCACHE_VALKEY_TENANT_SECRET``, ``LMCACHE_VALKEY_TENANT_SECRET_FILE``). Every bad or
 unknown key raises :class:`~lmcache_valkey.errors.ConfigError` naming the key and
 the expected form. Nothing downstream re-parses strings.
 """
@@ -80,6 +81,9 @@ class Settings:
     # Anything else that changes the KV bytes but LMCache does not know about:
     # a model revision, LoRA adapters, a tokenizer hash. Part of the namespace.
     model_revision: str = ""
+    # The tenant's key-derivation secret (keys.tenant_key): chunk ids and namespace digests
+    # are keyed with it, so nobody without it can compute or probe them. Never shown.
+    tenant_secret: bytes | None = field(default=None, repr=False)
 
     @property
     def url_for_humans(self) -> str:
@@ -307,7 +311,31 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 }
 _TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
 _FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}
-KNOWN_KEYS = frozenset(_SIMPLE) | _TLS_KEYS | _FABRIC_KEYS | {"url", "password_file"}
+KNOWN_KEYS = frozenset(_SIMPLE) | _TLS_KEYS | _FABRIC_KEYS | {"url", "password_file", "tenant_secret", "tenant_secret_file"}
+TENANT_SECRET_MIN = 16  # bytes (e.g. `openssl rand -hex 32` gives 64)
+TENANT_SECRET_MAX = 4096
+
+
+def _tenant_secret(merged: Mapping[str, Any], env: Mapping[str, str]) -> bytes | None:
+    """tenant_secret > tenant_secret_file > LMCACHE_VALKEY_TENANT_SECRET_FILE >
+    LMCACHE_VALKEY_TENANT_SECRET. Checked here, once; errors never quote it."""
+    sources = (("tenant_secret", merged.get("tenant_secret"), False),
+               ("tenant_secret_file", merged.get("tenant_secret_file"), True),
+               ("LMCACHE_VALKEY_TENANT_SECRET_FILE", env.get("LMCACHE_VALKEY_TENANT_SECRET_FILE"), True),
+               ("LMCACHE_VALKEY_TENANT_SECRET", env.get("LMCACHE_VALKEY_TENANT_SECRET"), False))
+    for key, value, is_file in sources:
+        if value in (None, ""):
+            continue
+        if is_file:
+            secret = _read_password_file(key, _as_str(key, value))
+        else:
+            secret = _as_secret(key, value).strip()
+        n = len(secret.encode())
+        if not TENANT_SECRET_MIN <= n <= TENANT_SECRET_MAX:
+            raise ConfigError(key, f"a secret of {TENANT_SECRET_MIN} to {TENANT_SECRET_MAX} bytes "
+                                   "(e.g. `openssl rand -hex 32`)", f"<redacted: {n} bytes>")
+        return secret.encode()
+    return None
 
 
 def _check_tenant(key: str, v: str) -> str:
@@ -349,6 +377,7 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
             values["password"] = _read_password_file("password_file", _as_str("password_file", pw_file))
         elif env.get("LMCACHE_VALKEY_PASSWORD"):
             values["password"] = env["LMCACHE_VALKEY_PASSWORD"]
+    values["tenant_secret"] = _tenant_secret(merged, env)
     if "tls" in merged:
         tls_on = _as_bool("tls", merged["tls"]) or tls_on
     if tls_on or any(k in merged for k in _TLS_KEYS - {"tls"}):

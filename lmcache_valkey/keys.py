@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
 from .errors import ConfigError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ids and digests keyed per tenant (tenant_key)
 DATA = "c"
 TIER_MARKER = "t"
 
@@ -61,19 +62,33 @@ def parse_data_key(key: bytes) -> DataKey:
     return DataKey(*(g.decode() for g in m.groups()))
 
 
-def fingerprint(fields: Mapping[str, Any]) -> str:
-    """A stable 16-byte hex digest of the fields that decide KV compatibility."""
+def tenant_key(prefix: str, tenant: str, secret: bytes | None = None) -> bytes:
+    """The 32-byte key every id of one tenant is derived with (docs/keys.md, "Key derivation").
+
+    With the tenant's secret, nobody without it can compute the tenant's chunk ids or
+    namespace digests: key names reveal nothing, and another tenant cannot probe whether a
+    guessable prompt is cached. Without one, ids still differ per tenant (equal prompts of
+    two tenants never share a key) but anyone who knows the tenant's name can compute them."""
+    k = hashlib.blake2b(secret, digest_size=32, person=b"lmcv-secret").digest() if secret else b""
+    return hashlib.blake2b(f"{prefix}:{tenant}".encode(), digest_size=32, key=k, person=b"lmcv-tenant").digest()
+
+
+def fingerprint(fields: Mapping[str, Any], key: bytes = b"") -> str:
+    """A stable 16-byte hex digest of the fields that decide KV compatibility, keyed with
+    the tenant's key (:func:`tenant_key`)."""
     canonical = json.dumps({**fields, "format_version": FORMAT_VERSION}, sort_keys=True, default=str)
-    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+    return hashlib.blake2b(canonical.encode(), digest_size=16, key=key, person=b"lmcv-ns").hexdigest()
 
 
 @dataclass(frozen=True)
 class Namespace:
-    """Where one model/layout's chunks live, for one tenant."""
+    """Where one model/layout's chunks live, for one tenant. ``secret``: the tenant's
+    key-derivation secret (``Settings.tenant_secret``); never shown."""
 
     prefix: str
     tenant: str
     digest: str  # hex fingerprint (or a validated override)
+    secret: bytes | None = field(default=None, repr=False)
 
     @property
     def base(self) -> str:
@@ -84,12 +99,23 @@ class Namespace:
         """16 bytes stored in each chunk header; a chunk of another namespace is foreign."""
         return hashlib.blake2b(self.base.encode(), digest_size=16).digest()
 
+    @cached_property
+    def _key(self) -> bytes:
+        return tenant_key(self.prefix, self.tenant, self.secret)
+
     def data_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{DATA}:{{{chunk_id}}}".encode()
 
     def chunk_id(self, key_string: str) -> str:
-        """The chunk id of an engine's key string in this namespace (every adapter derives ids here)."""
-        return chunk_id(key_string)
+        """The chunk id of an engine's key string in this namespace. Every adapter derives ids
+        here and nowhere else: a keyed hash with the tenant's key, so equal key strings of two
+        tenants never share an id, and without the tenant's secret nobody can compute one."""
+        return hashlib.blake2b(key_string.encode(), digest_size=16, key=self._key, person=b"lmcv-chunk").hexdigest()
+
+    def key_digest(self, key_string: str) -> bytes:
+        """16 bytes stored in the chunk header to detect a value stored under the wrong key
+        (keyed too: a header read elsewhere does not confirm a guessed prompt)."""
+        return hashlib.blake2b(key_string.encode(), digest_size=16, key=self._key, person=b"lmcv-key").digest()
 
     def marker_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{TIER_MARKER}:{{{chunk_id}}}".encode()
@@ -109,17 +135,9 @@ class Namespace:
         return f"~{self.prefix}:{self.tenant}:*"
 
 
-def make_namespace(prefix: str, tenant: str, fields: Mapping[str, Any], override: str | None = None) -> Namespace:
+def make_namespace(prefix: str, tenant: str, fields: Mapping[str, Any], override: str | None = None,
+                   secret: bytes | None = None) -> Namespace:
     if ":" in tenant or not tenant:
         raise ConfigError("tenant", "a non-empty name without ':'", tenant)
-    return Namespace(prefix=prefix, tenant=tenant, digest=override or fingerprint(fields))
-
-
-def chunk_id(key_string: str) -> str:
-    """A compact, fixed-length id for an LMCache key string (already namespaced by the digest)."""
-    return hashlib.blake2b(key_string.encode(), digest_size=16).hexdigest()
-
-
-def key_digest(key_string: str) -> bytes:
-    """16 bytes stored in the chunk header to detect a value stored under the wrong key."""
-    return hashlib.blake2b(key_string.encode(), digest_size=16, person=b"lmcv-key").digest()
+    digest = override or fingerprint(fields, tenant_key(prefix, tenant, secret))
+    return Namespace(prefix=prefix, tenant=tenant, digest=digest, secret=secret)

@@ -46,7 +46,8 @@ def namespace_for(settings: Settings, fields: Mapping[str, Any]) -> Namespace:
     """The namespace of a layout: the engine's compatibility ``fields`` plus what every engine
     shares (``model_revision``: adapters, tokenizer, revision the engine does not know)."""
     return make_namespace(
-        settings.key_prefix, settings.tenant, {**fields, "revision": settings.model_revision}, settings.namespace
+        settings.key_prefix, settings.tenant, {**fields, "revision": settings.model_revision}, settings.namespace,
+        secret=settings.tenant_secret,
     )
 
 
@@ -69,6 +70,9 @@ class StoreSession:
     ) -> None:
         self.settings = settings
         self.namespace = namespace
+        if namespace.secret is None:
+            log.info("lmcache-valkey: chunk ids of tenant %s are derived without a tenant secret: whoever knows "
+                     "the tenant's name can compute them (set tenant_secret, docs/security.md)", namespace.tenant)
         self.io = LoopThread(name)
         try:
             self.store: ChunkStore = self.io.run_sync(

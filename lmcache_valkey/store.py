@@ -33,7 +33,7 @@ from . import codec, metrics
 from .codec import HEADER_SIZE, ChunkMeta
 from .config import Settings
 from .errors import CorruptChunk, DeadlineExceeded, TransportError
-from .keys import Namespace, key_digest
+from .keys import Namespace
 
 if TYPE_CHECKING:
     from .tiering.settings import TieringSettings
@@ -284,7 +284,8 @@ class ChunkStore:
                 if value_len < HEADER_SIZE:
                     raise CorruptChunk("truncated", f"value of {value_len} bytes")
                 h = codec.decode_header(header)
-                codec.check(h, value_len, dest, self.namespace.digest_bytes, key_digest(ref.key_string), verify_crc=False)
+                codec.check(h, value_len, dest, self.namespace.digest_bytes, self.namespace.key_digest(ref.key_string),
+                            verify_crc=False)
                 if accept is not None and not accept(index[i] if index else i, h.meta):
                     raise CorruptChunk("layout", f"stored as {h.meta.shapes} {h.meta.dtypes} fmt {h.meta.fmt}")
             except CorruptChunk as e:
@@ -379,7 +380,7 @@ class ChunkStore:
             ref, meta, payload = items[i]
             try:
                 header = codec.encode_header(
-                    meta, payload, self.namespace.digest_bytes, key_digest(ref.key_string), payload_crc=crc
+                    meta, payload, self.namespace.digest_bytes, self.namespace.key_digest(ref.key_string), payload_crc=crc
                 )
             except ValueError as e:  # metadata too large for the header: this chunk only
                 log.warning("chunk %s not stored: %s", ref.chunk_id, e)

@@ -70,7 +70,7 @@ def test_failed_rma_falls_back_to_bulk_within_the_deadline(start_server):
 
 def test_store_picks_fabric_with_auto_and_round_trips_a_chunk(start_server):
     from lmcache_valkey.codec import ChunkMeta
-    from lmcache_valkey.keys import chunk_id, make_namespace
+    from lmcache_valkey.keys import make_namespace
     from lmcache_valkey.store import ChunkRef, open_store
 
     srv = start_server("tcp;ofi_rxm")
@@ -78,7 +78,8 @@ def test_store_picks_fabric_with_auto_and_round_trips_a_chunk(start_server):
                         fabric=FabricSettings(provider="tcp;ofi_rxm", bind_addr="127.0.0.1"))
 
     async def body():
-        store = await open_store(settings, make_namespace("lmcv", "t1", {"model": "m"}))
+        ns = make_namespace("lmcv", "t1", {"model": "m"})
+        store = await open_store(settings, ns)
         try:
             assert store.transport_name == "fabric"
             arena = bytearray(16 * MiB)
@@ -86,7 +87,7 @@ def test_store_picks_fabric_with_auto_and_round_trips_a_chunk(start_server):
             mv = memoryview(arena)
             payload = os.urandom(4 * MiB)
             mv[: 4 * MiB] = payload
-            ref = ChunkRef(chunk_id("k1"), "k1")
+            ref = ChunkRef(ns.chunk_id("k1"), "k1")
             assert await store.put(ref, ChunkMeta(((4 * MiB,),), ("uint8",), 1, "k1"), mv[: 4 * MiB])
             got = await store.get_into(ref, mv[8 * MiB : 12 * MiB])
             assert got is not None and got.nbytes == 4 * MiB

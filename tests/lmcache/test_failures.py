@@ -11,14 +11,14 @@ import pytest
 
 from conftest_helpers import SMALL, allocated_bytes, filled, payload, put_and_wait
 from lmcache_valkey import metrics
-from lmcache_valkey.keys import chunk_id
 from lmcache_valkey.integrations.lmcache.stack import Layout
 
 BIG = Layout(model="big", num_layers=32, num_kv_heads=8, head_dim=128, chunk_size=32)  # 4 MiB chunks
 
 
 def data_key(stack, key) -> bytes:
-    return stack.connector.namespace.data_key(chunk_id(key.to_string()))
+    ns = stack.connector.namespace
+    return ns.data_key(ns.chunk_id(key.to_string()))
 
 
 def store(stack, ids):
@@ -113,7 +113,6 @@ def miss_count(cause: str) -> float:
 )
 def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack, damage, cause):
     from lmcache_valkey import codec
-    from lmcache_valkey.keys import key_digest
 
     stack = make_stack({"url": valkey_server.url})
     assert stack.connector is not None
@@ -134,7 +133,7 @@ def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack
         ns = stack.connector.namespace
         big = os.urandom(len(value) * 2)
         meta = codec.ChunkMeta(((len(big),),), ("uint8",), 1, SMALL.key(1).to_string())
-        header = codec.encode_header(meta, big, ns.digest_bytes, key_digest(SMALL.key(1).to_string()))
+        header = codec.encode_header(meta, big, ns.digest_bytes, ns.key_digest(SMALL.key(1).to_string()))
         valkey_server.cmd("SET", k1, bytes(header) + big)
     before = miss_count(cause)
     got = stack.remote.get_blocking(SMALL.key(1))

@@ -8,7 +8,6 @@ import time
 import pytest
 
 from conftest_helpers import SMALL, filled, payload, put_and_wait
-from lmcache_valkey.keys import chunk_id
 from support.servers import free_port
 
 
@@ -54,8 +53,9 @@ def test_embedded_tiering_serves_evicted_chunks_from_nvme_then_s3(valkey_server,
     put_and_wait(stack, keys, objs)
     for o in objs:
         o.ref_count_down()
-    data_keys = [store.namespace.data_key(chunk_id(k.to_string())) for k in keys]
-    marker_keys = [store.namespace.marker_key(chunk_id(k.to_string())) for k in keys]
+    ns = store.namespace
+    data_keys = [ns.data_key(ns.chunk_id(k.to_string())) for k in keys]
+    marker_keys = [ns.marker_key(ns.chunk_id(k.to_string())) for k in keys]
     wait_for(lambda: all(valkey_server.cmd("EXISTS", m) for m in marker_keys), what="lower-tier copies")
     assert stack.connector._io.run_sync(manager.flush(30.0), 40), "S3 write-behind did not drain"
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from lmcache_valkey import codec
-from lmcache_valkey.keys import Namespace, key_digest
+from lmcache_valkey.keys import Namespace
 from lmcache_valkey.tiering.settings import TieringSettings, tiering_settings_from_mapping
 
 from support.servers import ValkeyServer
@@ -154,7 +154,7 @@ def chunk(i: int, size: int = 256 << 10, ns: Namespace = NS) -> tuple[bytes, byt
     payload = (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
     payload = bytes(b ^ (j & 0xFF) for j, b in enumerate(payload[:4096])) + payload[4096:]
     meta = codec.ChunkMeta(shapes=((2, size // 4),), dtypes=("float16",), fmt=1, key=key_string)
-    header = codec.encode_header(meta, payload, ns.digest_bytes, key_digest(key_string), created_ms=1_700_000_000_000 + i)
+    header = codec.encode_header(meta, payload, ns.digest_bytes, ns.key_digest(key_string), created_ms=1_700_000_000_000 + i)
     return ns.data_key(f"{i:032x}"), bytes(header) + payload
 
 

@@ -7,11 +7,11 @@ import pytest
 from lmcache_valkey import codec
 from lmcache_valkey.codec import HEADER_SIZE, ChunkMeta
 from lmcache_valkey.errors import CorruptChunk
-from lmcache_valkey.keys import chunk_id, key_digest, make_namespace
+from lmcache_valkey.keys import make_namespace
 
 META = ChunkMeta(shapes=((2, 4, 256, 128),), dtypes=("torch.bfloat16",), fmt=1, key="vllm@m@1@0@abc@bfloat16")
 NS = make_namespace("lmcv", "t", {"model": "m"})
-KD = key_digest(META.key)
+KD = NS.key_digest(META.key)
 
 
 def roundtrip(payload: bytes, buf_size: int | None = None):
@@ -63,7 +63,7 @@ def test_truncated_value_and_foreign_key_and_namespace():
     with pytest.raises(CorruptChunk, match="truncated"):
         codec.check(h, HEADER_SIZE + 1000, memoryview(bytearray(2048)), NS.digest_bytes, KD)
     with pytest.raises(CorruptChunk, match="foreign"):
-        codec.check(h, HEADER_SIZE + 2048, memoryview(payload), NS.digest_bytes, key_digest("other"))
+        codec.check(h, HEADER_SIZE + 2048, memoryview(payload), NS.digest_bytes, NS.key_digest("other"))
     other_ns = make_namespace("lmcv", "t", {"model": "other"})
     with pytest.raises(CorruptChunk, match="foreign"):
         codec.check(h, HEADER_SIZE + 2048, memoryview(payload), other_ns.digest_bytes, KD)
@@ -81,8 +81,8 @@ def test_namespaces_differ_by_every_field_and_tenant():
     for k, v in [("model", "m2"), ("kv_dtype", "fp16"), ("chunk_size", 128), ("world_size", 2)]:
         assert make_namespace("lmcv", "t", {**base, k: v}).digest != a.digest
     b = make_namespace("lmcv", "u", base)
-    assert b.digest == a.digest and b.data_key("x") != a.data_key("x")
-    assert a.data_key(chunk_id("k")).startswith(b"lmcv:t:") and a.tenant_pattern == "~lmcv:t:*"
+    assert b.digest != a.digest and b.chunk_id("k") != a.chunk_id("k")  # keyed per tenant
+    assert a.data_key(a.chunk_id("k")).startswith(b"lmcv:t:") and a.tenant_pattern == "~lmcv:t:*"
 
 
 def test_long_keys_and_many_groups_still_fit_the_header():

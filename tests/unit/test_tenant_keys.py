@@ -1,0 +1,54 @@
+"""Chunk ids and namespace digests are keyed per tenant; the tenant's secret is checked at
+start-up and never shown."""
+
+import pytest
+
+from lmcache_valkey.config import settings_from_mapping
+from lmcache_valkey.errors import ConfigError
+from lmcache_valkey.keys import make_namespace
+from lmcache_valkey.session import namespace_for
+
+FIELDS = {"model": "m", "kv_dtype": "bf16", "chunk_size": 256}
+SECRET = "0123456789abcdef-team-a-secret"
+
+
+def test_equal_prompts_of_two_tenants_never_share_a_key():
+    a, b = make_namespace("lmcv", "a", FIELDS), make_namespace("lmcv", "b", FIELDS)
+    assert a.digest != b.digest and a.chunk_id("prompt") != b.chunk_id("prompt")
+    assert a.key_digest("prompt") != b.key_digest("prompt")
+
+
+def test_without_the_secret_nobody_computes_a_tenants_ids():
+    with_secret = make_namespace("lmcv", "a", FIELDS, secret=SECRET.encode())
+    guesses = [make_namespace("lmcv", "a", FIELDS), make_namespace("lmcv", "a", FIELDS, secret=b"another secret!!")]
+    for g in guesses:
+        assert g.digest != with_secret.digest and g.chunk_id("prompt") != with_secret.chunk_id("prompt")
+    again = make_namespace("lmcv", "a", FIELDS, secret=SECRET.encode())  # another worker of tenant a
+    assert again.data_key(again.chunk_id("prompt")) == with_secret.data_key(with_secret.chunk_id("prompt"))
+    assert SECRET not in repr(with_secret)
+
+
+def test_the_secret_comes_from_a_value_a_file_or_the_environment(tmp_path):
+    f = tmp_path / "secret"
+    f.write_text(SECRET + "\n")
+    for raw, env in [({"tenant_secret": SECRET}, {}), ({"tenant_secret_file": str(f)}, {}),
+                     ({}, {"LMCACHE_VALKEY_TENANT_SECRET": SECRET}),
+                     ({}, {"LMCACHE_VALKEY_TENANT_SECRET_FILE": str(f)})]:
+        s = settings_from_mapping({"tenant": "a", **raw}, env=env)
+        assert s.tenant_secret == SECRET.encode() and SECRET not in repr(s)
+        assert namespace_for(s, FIELDS).chunk_id("p") == make_namespace("lmcv", "a", {**FIELDS, "revision": ""},
+                                                                        secret=SECRET.encode()).chunk_id("p")
+    assert settings_from_mapping({}, env={}).tenant_secret is None
+
+
+@pytest.mark.parametrize("raw,env,key", [
+    ({"tenant_secret": "short-secret"}, {}, "tenant_secret"),
+    ({"tenant_secret": 12345678901234567890}, {}, "tenant_secret"),
+    ({}, {"LMCACHE_VALKEY_TENANT_SECRET": "short-secret"}, "LMCACHE_VALKEY_TENANT_SECRET"),
+    ({"tenant_secret_file": "/nonexistent/secret"}, {}, "tenant_secret_file"),
+])
+def test_a_bad_secret_fails_at_start_up_naming_the_key_not_the_secret(raw, env, key):
+    with pytest.raises(ConfigError) as e:
+        settings_from_mapping(raw, env=env)
+    assert e.value.key == key
+    assert "short-secret" not in str(e.value) and "1234567890" not in str(e.value)
