@@ -9,7 +9,8 @@
 #define LMCV_MODULE_VERSION 1
 /* Module data type names must be exactly 9 characters. */
 #define LMCV_TYPE_NAME "lmcvblob0"
-#define LMCV_TYPE_ENCVER 1
+/* 2: length, crc32c, bytes (1: bytes only, still loaded). */
+#define LMCV_TYPE_ENCVER 2
 
 #define LMCV_CMD_HELLO "BLOB.HELLO"
 #define LMCV_CMD_SET "BLOB.SET"

@@ -5,6 +5,8 @@
 #define LMCV_REPLIES_H
 
 #define LMCV_ERR_SYNTAX "ERR syntax error in BLOB command arguments"
+#define LMCV_ERR_EXPIRE "ERR invalid expire time in 'blob.set' command"
+#define LMCV_ERR_CANTBLOCK "ERR fabric sessions and transfers need a client connection that can block (not MULTI, a script, AOF loading or replication)"
 #define LMCV_ERR_TRIPLES "ERR triples must be <rkey> <addr> <len> with len > 0, at most 64 of them"
 #define LMCV_ERR_NOHELLO "NOHELLO send BLOB.HELLO <fabric address hex> on this connection first"
 #define LMCV_ERR_HELLO_TWICE "ERR fabric session already established on this connection"

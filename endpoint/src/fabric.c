@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -55,6 +57,7 @@ struct lmcv_fabric {
     size_t chunk, max_inflight, inflight;
     int cq_waitable;
     char name_hex[1024];
+    size_t name_len;
     char provider[64];
 
     pthread_t thread;
@@ -386,6 +389,7 @@ lmcv_fabric *lmcv_fabric_open(const char *provider, const char *bind_addr, void 
     size_t nlen = sizeof(name);
     CHECK(fi_getname(&f->ep->fid, name, &nlen), "fi_getname");
     to_hex(name, nlen, f->name_hex, sizeof(f->name_hex));
+    f->name_len = nlen;
     f->arena = arena;
     f->chunk = chunk;
     if (info->ep_attr->max_msg_size && f->chunk > info->ep_attr->max_msg_size) f->chunk = info->ep_attr->max_msg_size;
@@ -436,8 +440,35 @@ void lmcv_fabric_close(lmcv_fabric *f) {
 const char *lmcv_fabric_name_hex(const lmcv_fabric *f) { return f->name_hex; }
 const char *lmcv_fabric_provider(const lmcv_fabric *f) { return f->provider; }
 
+/* A peer address must have the form this provider's own addresses have: the family and
+ * size of a socket address, a printable name, or (other formats) our own name's length.
+ * The provider is never handed bytes of another shape to interpret. */
+static int peer_addr_valid(const lmcv_fabric *f, const unsigned char *addr, size_t len) {
+    if (len == 0 || len > sizeof(((struct peer *)0)->addr)) return 0;
+    sa_family_t family;
+    switch (f->info->addr_format) {
+    case FI_SOCKADDR_IN:
+    case FI_SOCKADDR_IN6:
+    case FI_SOCKADDR:
+        if (len < sizeof(family)) return 0;
+        memcpy(&family, addr, sizeof(family));
+        if (family == AF_INET && len == sizeof(struct sockaddr_in)) return f->info->addr_format != FI_SOCKADDR_IN6;
+        if (family == AF_INET6 && len == sizeof(struct sockaddr_in6)) return f->info->addr_format != FI_SOCKADDR_IN;
+        return 0;
+    case FI_ADDR_STR: {
+        size_t n = 0;
+        while (n < len && addr[n] >= 0x20 && addr[n] < 0x7f) n++;
+        if (n == 0) return 0;
+        for (size_t i = n; i < len; i++) if (addr[i]) return 0;
+        return 1;
+    }
+    default:
+        return len == f->name_len;
+    }
+}
+
 int lmcv_fabric_add_peer(lmcv_fabric *f, const void *addr, size_t len, uint64_t *peer) {
-    if (len == 0 || len > sizeof(((struct peer *)0)->addr)) return -1;
+    if (!peer_addr_valid(f, addr, len)) return -1;
     int rc = -1;
     pthread_mutex_lock(&f->lock);
     for (size_t i = 0; i < f->npeers; i++) {

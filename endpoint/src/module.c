@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +68,42 @@ static void blob_unref(blob *b) {
 
 static void type_free(void *v) { G.objects--; blob_unref(v); }
 static size_t type_mem_usage(const void *v) { return sizeof(blob) + ((const blob *)v)->len; }
-static void type_rdb_save(RMIO *io, void *v) { blob *b = v; RM_SaveStringBuffer(io, blob_ptr(b), b->len); }
+/* Encoding 2 saves the length and CRC32C beside the bytes so that a load can check all
+ * three against each other; encoding 1 (the bytes alone) still loads. */
+static void type_rdb_save(RMIO *io, void *v) {
+    blob *b = v;
+    RM_SaveUnsigned(io, b->len);
+    RM_SaveUnsigned(io, b->crc);
+    RM_SaveStringBuffer(io, blob_ptr(b), b->len);
+}
+
+/* Runs on RDB load, RESTORE and replication. Every field is checked and any doubt refuses
+ * the value (NULL: "Bad data format" for RESTORE, a clean load failure for a file): with
+ * RM_OPTIONS_HANDLE_IO_ERRORS set, a short or mistyped field is an IO error reported here
+ * rather than a server panic. */
 static void *type_rdb_load(RMIO *io, int encver) {
-    if (encver != LMCV_TYPE_ENCVER) return NULL;
+    if (encver != 1 && encver != LMCV_TYPE_ENCVER) return NULL;
+    uint64_t want_len = 0, want_crc = 0;
+    if (encver >= 2) {
+        want_len = RM_LoadUnsigned(io);
+        want_crc = RM_LoadUnsigned(io);
+        if (RM_IsIOError(io) || want_crc > UINT32_MAX || want_len > lmcv_arena_size(G.arena)) return NULL;
+    }
     size_t n = 0;
     char *buf = RM_LoadStringBuffer(io, &n);
-    blob *b = buf ? blob_new(n) : NULL;
-    if (b) { memcpy(blob_ptr(b), buf, n); b->crc = lmcv_crc32c(0, buf, n); G.objects++; }
-    if (buf) RM_Free(buf);
+    if (!buf || RM_IsIOError(io)) {
+        if (buf) RM_Free(buf);
+        return NULL;
+    }
+    uint32_t crc = lmcv_crc32c(0, buf, n);
+    blob *b = NULL;
+    if (n <= lmcv_arena_size(G.arena) && (encver < 2 || (n == want_len && crc == want_crc))) b = blob_new(n);
+    if (b) {
+        memcpy(blob_ptr(b), buf, n);
+        b->crc = crc;
+        G.objects++;
+    }
+    RM_Free(buf);
     return b;
 }
 static void type_aof_rewrite(RMIO *aof, RMString *key, void *v) {
@@ -196,7 +225,7 @@ typedef struct {
     int partial;
 } req_args;
 
-/* Triples from argv[i], then keyword options. 0 ok, -1 syntax, -2 bad triple. */
+/* Triples from argv[i], then keyword options. 0 ok, -1 syntax, -2 bad triple, -3 bad expiry. */
 static int parse_tail(RMString **argv, int argc, int i, req_args *a) {
     memset(a, 0, sizeof(*a));
     a->timeout_ms = G.default_timeout_ms;
@@ -214,7 +243,13 @@ static int parse_tail(RMString **argv, int argc, int i, req_args *a) {
         uint64_t v;
         if (is_word(argv[i], LMCV_OPT_PARTIAL)) { a->partial = 1; i++; continue; }
         if (i + 1 >= argc || parse_u64(argv[i + 1], &v)) return -1;
-        if (is_word(argv[i], LMCV_OPT_PX) && v > 0) a->px_ms = (long long)v;
+        if (is_word(argv[i], LMCV_OPT_PX)) {
+            /* As the core SET: positive, and now + ms must not overflow (the expiry pass
+             * asserts on a negative absolute time). */
+            long long now = RM_Milliseconds();
+            if (v == 0 || v > (uint64_t)(LLONG_MAX - now)) return -3;
+            a->px_ms = (long long)v;
+        }
         else if (is_word(argv[i], LMCV_OPT_TIMEOUT) && v > 0)
             a->timeout_ms = (long long)v < G.max_timeout_ms ? (long long)v : G.max_timeout_ms;
         else return -1;
@@ -231,7 +266,7 @@ static int reply_fmt(RMCtx *ctx, const char *fmt, unsigned long long a, unsigned
 
 static int reply_parse_error(RMCtx *ctx, int rc) {
     G.refused++;
-    return RM_ReplyWithError(ctx, rc == -2 ? LMCV_ERR_TRIPLES : LMCV_ERR_SYNTAX);
+    return RM_ReplyWithError(ctx, rc == -2 ? LMCV_ERR_TRIPLES : rc == -3 ? LMCV_ERR_EXPIRE : LMCV_ERR_SYNTAX);
 }
 
 /* Opens a key and classifies it: 1 ours, 0 empty, -1 another type (key stays open). */
@@ -253,7 +288,12 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
         RM_DeleteKey(key);
     RM_ModuleTypeSetValue(key, G.type, b);
     G.objects++;
-    if (px_ms > 0) RM_SetExpire(key, px_ms);
+    if (px_ms > 0) {
+        /* Checked at parse time; an RMA SET stores later, so check again (clamping a value
+         * that would now overflow rather than storing it without expiry). */
+        long long room = LLONG_MAX - RM_Milliseconds();
+        RM_SetExpire(key, px_ms < room ? px_ms : room);
+    }
     RM_CloseKey(key);
 }
 
@@ -370,6 +410,14 @@ static int start_xfer(RMCtx *ctx, int op, session *s, blob *obj, uint64_t len, r
 
 /* ---- commands ------------------------------------------------------------------------ */
 
+/* A fabric session and a blocked transfer belong to a real client connection: not a
+ * transaction or script (no blocking there), not the AOF loader or a replication link
+ * (their "client" is no peer of ours). */
+static int cannot_block(RMCtx *ctx) {
+    return (RM_GetContextFlags(ctx) & (RM_CTX_FLAGS_LUA | RM_CTX_FLAGS_MULTI | RM_CTX_FLAGS_REPLICATED |
+                                        RM_CTX_FLAGS_LOADING | RM_CTX_FLAGS_DENY_BLOCKING)) != 0;
+}
+
 static int hex_nibble(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -380,6 +428,7 @@ static int hex_nibble(char c) {
 static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 2) return RM_WrongArity(ctx);
     if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
     unsigned long long id = RM_GetClientId(ctx);
     if (session_find(id)) return RM_ReplyWithError(ctx, LMCV_ERR_HELLO_TWICE);
     size_t n;
@@ -428,6 +477,7 @@ static int cmd_set(RMCtx *ctx, RMString **argv, int argc) {
     uint64_t total;
     if (parse_u64(argv[2], &total)) return reply_parse_error(ctx, -1);
     if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
     session *s = session_find(RM_GetClientId(ctx));
     if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
     if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_fmt(ctx, LMCV_ERR_TOOLARGE, total, lmcv_arena_size(G.arena)); }
@@ -446,6 +496,7 @@ static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
     session *s = NULL;
     if (a.nsegs) { /* refuse before looking at the key: the client's set-up is wrong */
         if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+        if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
         s = session_find(RM_GetClientId(ctx));
         if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
     }
@@ -542,6 +593,9 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
                         .aof_rewrite = type_aof_rewrite, .mem_usage = type_mem_usage, .free = type_free};
     RMType *type = RM_CreateDataType(ctx, LMCV_TYPE_NAME, LMCV_TYPE_ENCVER, &tm);
     if (!type) return RM_ERR;
+    /* Without it a malformed value in RESTORE or an RDB panics the server (issue: crafted
+     * RESTORE payloads); with it type_rdb_load sees the error and refuses the value. */
+    RM_SetModuleOptions(ctx, RM_OPTIONS_HANDLE_IO_ERRORS);
     lmcv_arena *arena = lmcv_arena_create((size_t)G.arena_mb << 20);
     if (!arena) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: cannot map %llu MiB arena", G.arena_mb); return RM_ERR; }
     lmcv_fabric *fabric = NULL;

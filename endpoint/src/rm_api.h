@@ -24,6 +24,23 @@
 #define RM_EVENT_SHUTDOWN 5
 #define RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED 1
 #define RM_POSTPONED_ARRAY_LEN (-1)
+/* SetModuleOptions: IO errors while loading our values are reported to rdb_load (which
+ * then refuses the value) instead of ending the server. */
+#define RM_OPTIONS_HANDLE_IO_ERRORS (1 << 0)
+/* GetContextFlags bits for calls that cannot hold a fabric session or block. */
+#define RM_CTX_FLAGS_LUA (1 << 0)
+#define RM_CTX_FLAGS_MULTI (1 << 1)
+#define RM_CTX_FLAGS_REPLICATED (1 << 12)
+#define RM_CTX_FLAGS_LOADING (1 << 13)
+#define RM_CTX_FLAGS_DENY_BLOCKING (1 << 21)
+
+/* Key-spec flags and search types (SetCommandInfo, command info version 1). */
+#define RM_CMD_KEY_RO (1ULL << 0)
+#define RM_CMD_KEY_OW (1ULL << 2)
+#define RM_CMD_KEY_ACCESS (1ULL << 4)
+#define RM_CMD_KEY_UPDATE (1ULL << 5)
+#define RM_KSPEC_BS_INDEX 2
+#define RM_KSPEC_FK_RANGE 2
 
 typedef struct RMCtx RMCtx;
 typedef struct RMString RMString;
@@ -59,6 +76,55 @@ typedef struct {
     uint64_t flags;
     uint64_t id;
 } RMClientInfoHead;
+
+/* Command info, version 1 (the layout the server steps through with the sizes below). */
+typedef struct {
+    const char *since;
+    const char *changes;
+} RMCommandHistoryEntry;
+
+typedef struct {
+    const char *notes;
+    uint64_t flags;
+    int begin_search_type;
+    union {
+        struct { int pos; } index;
+        struct { const char *keyword; int startfrom; } keyword;
+    } bs;
+    int find_keys_type;
+    union {
+        struct { int lastkey, keystep, limit; } range;
+        struct { int keynumidx, firstkey, keystep; } keynum;
+    } fk;
+} RMCommandKeySpec;
+
+typedef struct RMCommandArg {
+    const char *name;
+    int type;
+    int key_spec_index;
+    const char *token, *summary, *since;
+    int flags;
+    const char *deprecated_since;
+    struct RMCommandArg *subargs;
+    const char *display_text;
+} RMCommandArg;
+
+typedef struct {
+    int version;
+    size_t sizeof_historyentry, sizeof_keyspec, sizeof_arg;
+} RMCommandInfoVersion;
+
+typedef struct {
+    const RMCommandInfoVersion *version;
+    const char *summary, *complexity, *since;
+    RMCommandHistoryEntry *history;
+    const char *tips;
+    int arity;
+    RMCommandKeySpec *key_specs;
+    RMCommandArg *args;
+} RMCommandInfo;
+
+typedef struct RMCommand RMCommand;
 
 typedef void (*RMEventCallback)(RMCtx *ctx, RMEvent e, uint64_t sub, void *data);
 typedef void (*RMTimerProc)(RMCtx *ctx, void *data);
@@ -103,10 +169,26 @@ typedef struct RMCallReply RMCallReply;
     X(uint64_t, CreateTimer, (RMCtx *, long long, RMTimerProc, void *))                        \
     X(RMCallReply *, Call, (RMCtx *, const char *, const char *, ...))                         \
     X(void, FreeCallReply, (RMCallReply *))                                                    \
-    X(const char *, CallReplyStringPtr, (RMCallReply *, size_t *))
+    X(const char *, CallReplyStringPtr, (RMCallReply *, size_t *))                          \
+    X(void, SetModuleOptions, (RMCtx *, int))                                                  \
+    X(int, IsIOError, (RMIO *))                                                                \
+    X(void, SaveUnsigned, (RMIO *, uint64_t))                                                  \
+    X(uint64_t, LoadUnsigned, (RMIO *))                                                        \
+    X(long long, Milliseconds, (void))                                                         \
+    X(int, GetContextFlags, (RMCtx *))
+
+/* Entry points some supported servers lack (Redis 7.0 has no ACL categories for modules):
+ * NULL when absent, and the caller degrades as documented where it is used. */
+#define RM_OPTIONAL_API_LIST(X)                                                                 \
+    X(RMCommand *, GetCommand, (RMCtx *, const char *))                                        \
+    X(int, SetCommandInfo, (RMCommand *, const RMCommandInfo *))                               \
+    X(int, AddACLCategory, (RMCtx *, const char *))                                            \
+    X(int, SetCommandACLCategories, (RMCommand *, const char *))                               \
+    X(int, RedactClientCommandArgument, (RMCtx *, int))
 
 #define RM_DECLARE(ret, name, args) extern ret(*RM_##name) args;
 RM_API_LIST(RM_DECLARE)
+RM_OPTIONAL_API_LIST(RM_DECLARE)
 #undef RM_DECLARE
 
 /* Resolve every pointer above and register the module's name. RM_OK or RM_ERR. */
