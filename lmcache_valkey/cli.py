@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from . import __version__
 from .config import Settings, settings_from_mapping
 from .errors import ConfigError, LmcacheValkeyError
 
@@ -122,6 +123,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmcache-valkey", description="A shared, tiered KV-cache store for LMCache on Valkey.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .demo import add_demo_arguments  # both import only the standard library and this package

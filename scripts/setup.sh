@@ -43,10 +43,17 @@ if ! have_all "${APT_PACKAGES[@]}" "${BACKPORTS_PACKAGES[@]}"; then
             log "valkey-server not available from apt here; TLS tests will be skipped"
     fi
 fi
-# Debian's postinst may start these as services; tests start their own on free ports.
-for svc in redis-server valkey-server prometheus; do
-    command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1 || true
-done
+# Debian's postinst may start these as services; tests start their own on free ports, so a
+# running host service would only hold ports and memory. Say which ones are stopped.
+HOST_SERVICES=(redis-server valkey-server prometheus)
+if command -v service >/dev/null 2>&1; then
+    for svc in "${HOST_SERVICES[@]}"; do
+        if service "$svc" status >/dev/null 2>&1; then
+            log "stopping the host service $svc (tests start their own servers on free ports)"
+            service "$svc" stop >/dev/null 2>&1 || log "could not stop $svc; tests still use free ports"
+        fi
+    done
+fi
 
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
@@ -54,15 +61,16 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 STAMP=.venv/.lmcache-valkey-installed
-WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)"
+WANT="$(cat pyproject.toml scripts/pins.py | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     log "installing Python packages into .venv (torch CPU build before lmcache)"
-    .venv/bin/pip install -q --upgrade pip setuptools wheel
-    # torch first, from the same pin as pyproject.toml, so that lmcache's unpinned torch
-    # requirement is already satisfied by the CPU build.
-    TORCH_PIN="$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')"
-    .venv/bin/pip install -q "$TORCH_PIN"
-    .venv/bin/pip install -q -e ".[lmcache,server,s3,demo,test,bench]"
+    .venv/bin/pip install -q --upgrade pip wheel  # setuptools: what LMCache asks for (<81)
+    # CI's exact versions ([tool.lmcache-valkey.ci] in pyproject.toml) as pip constraints;
+    # torch first and alone, so that lmcache's unpinned torch requirement is already
+    # satisfied by the CPU build.
+    python3 scripts/pins.py constraints > .venv/ci-constraints.txt
+    .venv/bin/pip install -q -c .venv/ci-constraints.txt "$(python3 scripts/pins.py pin torch)"
+    .venv/bin/pip install -q -c .venv/ci-constraints.txt -e ".[lmcache,server,s3,demo,test,bench]"
     echo "$WANT" > "$STAMP"
 fi
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM 0.33.0 for the vLLM secondary-tier tests (tests/vllm_tier) and its benchmark, in .venv-vllm.
 # The least of vLLM that imports its KV-offload tiering modules on a CPU machine: torch's CPU
-# build (the pin of pyproject.toml's lmcache extra), vLLM itself with --no-deps (pin in
+# build (CI's torch pin, [tool.lmcache-valkey.ci] in pyproject.toml), vLLM itself with --no-deps (pin in
 # [tool.lmcache-valkey.envs.vllm]), then this package with the vllm-test extra. See
 # scripts/envs/README.md for the setup/tests/owns contract.
 set -euo pipefail
@@ -27,18 +27,17 @@ setup() {
     fi
     local stamp="$VENV/.lmcache-valkey-installed"
     local want
-    want="$(cat pyproject.toml scripts/envs/vllm.sh | sha256sum | cut -c1-16)"
+    want="$(cat pyproject.toml scripts/pins.py scripts/envs/vllm.sh | sha256sum | cut -c1-16)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         return 0
     fi
     log "installing torch (CPU), vLLM without its CUDA requirements, and lmcache-valkey[vllm-test]"
     "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-    local torch_pin
-    torch_pin="$(grep -o '"torch==[^"]*"' pyproject.toml | head -n1 | tr -d '"')"
-    "$VENV/bin/pip" install -q "$torch_pin"
+    "$VENV/bin/pip" install -q "$(python3 scripts/pins.py pin torch)"
     # shellcheck disable=SC2046
     "$VENV/bin/pip" install -q --no-deps $(no_deps_pins)
-    "$VENV/bin/pip" install -q -e ".[vllm-test]"
+    python3 scripts/pins.py constraints > "$VENV/ci-constraints.txt"
+    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" -e ".[vllm-test]"
     "$VENV/bin/python" -c "import vllm.v1.kv_offload.tiering.spec" 2>/dev/null \
         || { log "vLLM's tiering modules do not import in $VENV"; exit 1; }
     echo "$want" > "$stamp"
