@@ -17,6 +17,10 @@
 #define LMCV_CMD_GET "BLOB.GET"
 #define LMCV_CMD_INFO "BLOB.INFO"
 
+/* ACL category of every command (servers with module ACL categories: Valkey 8+):
+ * the same name as valkey-large-object's, so one ACL rule serves either module. */
+#define LMCV_ACL_CATEGORY "largeobj"
+
 /* Trailing keyword options (after the triples). */
 #define LMCV_OPT_PX "PX"           /* SET: expiry in milliseconds */
 #define LMCV_OPT_TIMEOUT "TIMEOUT" /* GET/SET: transfer deadline in milliseconds */

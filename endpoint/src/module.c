@@ -565,6 +565,75 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "unblock_usec", G.unblock_usec);
 }
 
+/* ---- command table -------------------------------------------------------------------- */
+
+/* Every command the module registers, with what ACL rules need to confine it: core flags
+ * (hence @read/@write/@fast), the key argument's access (key specs: ~pattern confines it,
+ * %R~/%W~ by access), and the module's own category (docs/fabric-acl.md). */
+typedef struct {
+    const char *name;
+    RMCmdFunc fn;
+    const char *flags;
+    int has_key;
+    uint64_t key_flags;
+    int arity;
+    const char *acl;
+    const char *summary;
+} command_def;
+
+static const command_def COMMANDS[] = {
+    {LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, 2, LMCV_ACL_CATEGORY " connection",
+     "Binds this connection to the client's fabric address (one fabric session per connection)"},
+    {LMCV_CMD_SET, cmd_set, "write deny-oom", 1, RM_CMD_KEY_OW | RM_CMD_KEY_UPDATE, -3, LMCV_ACL_CATEGORY,
+     "Stores a value sent inline, or read by the server from registered client memory"},
+    {LMCV_CMD_GET, cmd_get, "readonly", 1, RM_CMD_KEY_RO | RM_CMD_KEY_ACCESS, -2, LMCV_ACL_CATEGORY,
+     "Returns a value inline, or writes it into registered client memory"},
+    {LMCV_CMD_INFO, cmd_info, "readonly fast", 1, RM_CMD_KEY_RO, 2, LMCV_ACL_CATEGORY,
+     "Length and CRC32C of a stored value"},
+};
+
+static const RMCommandInfoVersion COMMAND_INFO_VERSION = {
+    1, sizeof(RMCommandHistoryEntry), sizeof(RMCommandKeySpec), sizeof(RMCommandArg)};
+
+/* Registers the commands. Key specs and the ACL category need API that Redis 7.0 lacks
+ * (categories) or that a server may refuse: the commands then keep their first/last/step
+ * key positions, which ACL key patterns also check, and the category is logged missing. */
+static int create_commands(RMCtx *ctx) {
+    int categories = RM_AddACLCategory && RM_SetCommandACLCategories;
+    if (categories && RM_AddACLCategory(ctx, LMCV_ACL_CATEGORY) != RM_OK) categories = 0;
+    if (!categories)
+        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: this server has no module ACL categories; allow the "
+                                    "BLOB.* commands by name in ACL rules");
+    for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
+        const command_def *d = &COMMANDS[i];
+        int k = d->has_key;
+        if (RM_CreateCommand(ctx, d->name, d->fn, d->flags, k, k, k) != RM_OK) return RM_ERR;
+        RMCommand *cmd = RM_GetCommand ? RM_GetCommand(ctx, d->name) : NULL;
+        if (!cmd) continue;
+        if (RM_SetCommandInfo) {
+            RMCommandKeySpec specs[2];
+            memset(specs, 0, sizeof(specs));
+            specs[0].flags = d->key_flags;
+            specs[0].begin_search_type = RM_KSPEC_BS_INDEX;
+            specs[0].bs.index.pos = 1;
+            specs[0].find_keys_type = RM_KSPEC_FK_RANGE;
+            specs[0].fk.range.lastkey = 0;
+            specs[0].fk.range.keystep = 1;
+            RMCommandInfo info = {.version = &COMMAND_INFO_VERSION, .summary = d->summary, .since = "1.0.0",
+                                  .arity = d->arity, .key_specs = k ? specs : NULL};
+            if (RM_SetCommandInfo(cmd, &info) != RM_OK) {
+                RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: %s: command info refused", d->name);
+                return RM_ERR;
+            }
+        }
+        if (categories && RM_SetCommandACLCategories(cmd, d->acl) != RM_OK) {
+            RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: %s: ACL categories '%s' refused", d->name, d->acl);
+            return RM_ERR;
+        }
+    }
+    return RM_OK;
+}
+
 /* ---- load ---------------------------------------------------------------------------- */
 
 static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
@@ -615,10 +684,7 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
             return RM_ERR;
         }
     }
-    if (RM_CreateCommand(ctx, LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, 0) != RM_OK ||
-        RM_CreateCommand(ctx, LMCV_CMD_SET, cmd_set, "write deny-oom", 1, 1, 1) != RM_OK ||
-        RM_CreateCommand(ctx, LMCV_CMD_GET, cmd_get, "readonly", 1, 1, 1) != RM_OK ||
-        RM_CreateCommand(ctx, LMCV_CMD_INFO, cmd_info, "readonly fast", 1, 1, 1) != RM_OK ||
+    if (create_commands(ctx) != RM_OK ||
         RM_RegisterInfoFunc(ctx, info_func) != RM_OK ||
         RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_CLIENT_CHANGE, 1}, on_client_change) != RM_OK ||
         RM_SubscribeToServerEvent(ctx, (RMEvent){RM_EVENT_SHUTDOWN, 1}, on_shutdown) != RM_OK) {

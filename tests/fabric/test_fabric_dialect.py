@@ -27,6 +27,7 @@ def test_command_names_agree():
     assert d["LMCV_OPT_PX"] == commands.OPT_PX
     assert d["LMCV_OPT_TIMEOUT"] == commands.OPT_TIMEOUT
     assert d["LMCV_OPT_PARTIAL"] == commands.OPT_PARTIAL
+    assert d["LMCV_ACL_CATEGORY"] == commands.ACL_CATEGORY
 
 
 def test_every_reply_has_an_upper_case_code_we_map():

@@ -19,6 +19,8 @@ SET = "BLOB.SET"
 GET = "BLOB.GET"
 INFO = "BLOB.INFO"
 DEL = "DEL"
+ALL = (HELLO, SET, GET, INFO)
+ACL_CATEGORY = "largeobj"  # the module's ACL category (Valkey 9.1: +@largeobj)
 
 OPT_PX = "PX"
 OPT_TIMEOUT = "TIMEOUT"

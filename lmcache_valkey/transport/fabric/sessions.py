@@ -14,12 +14,27 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import valkey._parsers.base as vparsers
 import valkey.asyncio.connection as vconn
 import valkey.exceptions as vexc
 
 from lmcache_valkey.errors import ConnectionLost, DeadlineExceeded, FabricUnavailable, TransportError
 
 from . import commands
+
+
+# valkey-py strips the code from error replies it maps to its own classes (NOPERM ->
+# NoPermissionError, "No permissions to access a key"); put the code back so our table
+# (lmcache_valkey.errors) classifies the reply as the server sent it.
+_CODES: dict[type, str] = {
+    cls: code for code, cls in vparsers.BaseParser.EXCEPTION_CLASSES.items() if isinstance(cls, type)
+}
+
+
+def _reply_text(exc: vexc.ResponseError) -> str:
+    code = _CODES.get(type(exc))
+    text = str(exc)
+    return f"{code} {text}" if code and not text.startswith(code) else text
 
 
 class ErrorReply(Exception):
@@ -64,7 +79,7 @@ class SessionPool:
                     self._add_peer(bytes.fromhex(name.decode() if isinstance(name, bytes) else name))
         except vexc.ResponseError as exc:
             await raw.disconnect()
-            msg = str(exc)
+            msg = _reply_text(exc)
             if "unknown command" in msg.lower():
                 raise FabricUnavailable(f"{self.where} has no {commands.HELLO} (load endpoint/build/lmcv_blob.so): {msg}") from exc
             raise commands.map_error(msg) from exc
@@ -127,7 +142,7 @@ class SessionPool:
             # The send is under the deadline too: a stalled peer must not hold the slot forever.
             return await asyncio.wait_for(send_and_read(), wait_s)
         except vexc.ResponseError as exc:
-            raise ErrorReply(str(exc)) from None
+            raise ErrorReply(_reply_text(exc)) from None
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"no reply to {args[0]} from {self.where} in {wait_s:.3f}s") from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
@@ -143,7 +158,7 @@ class SessionPool:
                 try:
                     out.append(await s.raw.read_response())
                 except vexc.ResponseError as exc:
-                    out.append(ErrorReply(str(exc)))
+                    out.append(ErrorReply(_reply_text(exc)))
             return out
 
         async def send_and_read() -> list[Any]:
