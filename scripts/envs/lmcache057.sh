@@ -2,9 +2,10 @@
 # LMCache 0.5.7 line (pin in [tool.lmcache-valkey.envs.lmcache057] of pyproject.toml) for the
 # LMCache tests — in-process plugin (tests/lmcache, tests/configs) and MP L2 adapter
 # (tests/lmcache_mp) — in .venv-lmcache057. The main .venv runs the same tests on LMCache
-# 0.5.6. torch's CPU build (the pin of pyproject.toml's lmcache extra) goes in first, so
-# LMCache's unpinned torch requirement never pulls a CUDA build. See scripts/envs/README.md
-# for the setup/tests/owns contract.
+# 0.5.6. torch's CPU build (CI's torch pin, [tool.lmcache-valkey.ci]) goes in first, so
+# LMCache's unpinned torch requirement never pulls a CUDA build; the rest follows CI's
+# constraints except LMCache's own. See scripts/envs/README.md for the setup/tests/owns
+# contract.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -28,18 +29,17 @@ setup() {
     fi
     local stamp="$VENV/.lmcache-valkey-installed"
     local want
-    want="$(cat pyproject.toml scripts/envs/lmcache057.sh | sha256sum | cut -c1-16)"
+    want="$(cat pyproject.toml scripts/pins.py scripts/envs/lmcache057.sh | sha256sum | cut -c1-16)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         return 0
     fi
     log "installing torch (CPU), $(pins) and lmcache-valkey[server,s3,test]"
     "$VENV/bin/pip" install -q --upgrade pip wheel  # setuptools: LMCache 0.5.7 wants <81
-    local torch_pin
-    torch_pin="$(grep -o '"torch==[^"]*"' pyproject.toml | head -n1 | tr -d '"')"
-    "$VENV/bin/pip" install -q "$torch_pin"
+    "$VENV/bin/pip" install -q "$(python3 scripts/pins.py pin torch)"
+    python3 scripts/pins.py constraints | grep -v '^lmcache[=<>!~ ]' > "$VENV/ci-constraints.txt"
     # shellcheck disable=SC2046
-    "$VENV/bin/pip" install -q --pre $(pins)
-    "$VENV/bin/pip" install -q -e ".[server,s3,test]"
+    "$VENV/bin/pip" install -q --pre -c "$VENV/ci-constraints.txt" $(pins)
+    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
     "$VENV/bin/python" -c "import lmcache.inprocess, lmcache.v1.distributed.l2_adapters.plugin_l2_adapter" 2>/dev/null \
         || { log "LMCache 0.5.7 modules do not import in $VENV"; exit 1; }
     echo "$want" > "$stamp"
