@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import Sequence, Union
 
 import crc32c as _crc32c
 import msgpack
@@ -44,6 +45,42 @@ _KEY_STRING_MAX = 256
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC32C (Castagnoli), hardware-accelerated; reads writable buffers in place."""
     return _crc32c.crc32c(data, value)
+
+
+# A chunk's payload: one buffer, or a list/tuple of buffers whose concatenation, in order,
+# is the payload (a page an engine keeps scattered over its layers: SGLang's layer_first
+# host pool). Parts are sent and received in place, never joined into one buffer.
+Payload = Union[bytes, bytearray, memoryview, Sequence[memoryview]]
+
+
+def payload_parts(payload: Payload) -> tuple[memoryview, ...]:
+    """The buffers of a payload, in order (a list or tuple is parts; anything else is one)."""
+    if isinstance(payload, (list, tuple)):
+        return tuple(memoryview(p) for p in payload)
+    return (memoryview(payload),)
+
+
+def parts_nbytes(parts: Sequence[memoryview]) -> int:
+    return sum(p.nbytes for p in parts)
+
+
+def clip_parts(parts: Sequence[memoryview], n: int) -> tuple[memoryview, ...]:
+    """The views covering the first ``n`` bytes of ``parts`` (byte views, no copy)."""
+    out = []
+    for p in parts:
+        if n <= 0:
+            break
+        b = p.cast("B") if p.format != "B" or p.ndim != 1 else p
+        out.append(b[:n])
+        n -= min(n, b.nbytes)
+    return tuple(out)
+
+
+def crc32c_parts(parts: Sequence[memoryview], value: int = 0) -> int:
+    """CRC32C of the concatenation of ``parts`` (chained, nothing joined)."""
+    for p in parts:
+        value = _crc32c.crc32c(p, value)
+    return value
 
 
 class PayloadSink(list):
@@ -85,7 +122,7 @@ class Header:
 
 def encode_header(
     meta: ChunkMeta,
-    payload: memoryview | bytes,
+    payload: Payload,
     namespace_digest: bytes,
     key_digest: bytes,
     *,
@@ -102,8 +139,9 @@ def encode_header(
     if meta.key and room > 0:
         fields["k"] = meta.key.encode()[:room].decode("utf-8", "ignore")
         packed = msgpack.packb(fields, use_bin_type=True)
-    n = memoryview(payload).nbytes
-    crc = crc32c(payload) if payload_crc is None else payload_crc
+    parts = payload_parts(payload)
+    n = parts_nbytes(parts)
+    crc = crc32c_parts(parts) if payload_crc is None else payload_crc
     created = int(time.time() * 1000) if created_ms is None else created_ms
     buf = bytearray(HEADER_SIZE)
     _FIXED.pack_into(
@@ -147,7 +185,7 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
 def check(
     header: Header,
     value_len: int,
-    payload: memoryview,
+    payload: Payload,
     namespace_digest: bytes,
     key_digest: bytes,
     *,
@@ -156,15 +194,17 @@ def check(
     """Check a value read into (header, payload). Raises :class:`CorruptChunk`.
 
     ``value_len`` is the stored value's full length as reported by the server;
-    ``payload`` is the destination that received the bytes after the header. It
-    may be larger than the payload (a partial last chunk read into a full-chunk
-    buffer); only its first ``header.payload_len`` bytes are checked.
+    ``payload`` is the destination that received the bytes after the header (one buffer
+    or its parts). It may be larger than the payload (a partial last chunk read into a
+    full-chunk buffer); only its first ``header.payload_len`` bytes are checked.
     """
+    parts = payload_parts(payload)
+    capacity = parts_nbytes(parts)
     if header.namespace_digest != namespace_digest or header.key_digest != key_digest:
         raise CorruptChunk("foreign", "chunk belongs to another namespace or key")
     if value_len - HEADER_SIZE != header.payload_len:
         raise CorruptChunk("truncated", f"value holds {value_len - HEADER_SIZE} payload bytes, header says {header.payload_len}")
-    if header.payload_len > payload.nbytes:
-        raise CorruptChunk("oversized", f"payload of {header.payload_len} bytes for a {payload.nbytes}-byte buffer")
-    if verify_crc and crc32c(payload[: header.payload_len]) != header.payload_crc:
+    if header.payload_len > capacity:
+        raise CorruptChunk("oversized", f"payload of {header.payload_len} bytes for a {capacity}-byte buffer")
+    if verify_crc and crc32c_parts(clip_parts(parts, header.payload_len)) != header.payload_crc:
         raise CorruptChunk("crc", "payload checksum mismatch")

@@ -12,6 +12,9 @@ Contract, for every operation:
 * a miss is ``None`` (or a shorter prefix), never an exception; corrupt,
   truncated, foreign or oversized values are counted misses and the bad copy is
   deleted;
+* a payload is one buffer or a list of parts whose concatenation is the chunk
+  (:data:`codec.Payload`): a page an engine keeps scattered over its layers is sent
+  from and read into its parts in place, never gathered into a copy;
 * buffer ownership: the caller owns ``dest``. With RESP, when ``get_many_into``
   returns, raises or is cancelled, nothing can write into it any more (the
   transport aborts a connection cancelled mid-reply before the exception leaves
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol, Sequence
 
 from . import codec, metrics
-from .codec import HEADER_SIZE, ChunkMeta
+from .codec import HEADER_SIZE, ChunkMeta, Payload
 from .config import Settings
 from .errors import CorruptChunk, DeadlineExceeded, TransportError
 from .keys import Namespace
@@ -124,7 +127,17 @@ class ChunkStore:
         self.tiers = tiers
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._borrowed = False  # a view made by for_namespace: the connections are another store's
         self.owned: list[Any] = []  # tier client/manager, extra connections: closed before the transport
+
+    def for_namespace(self, namespace: Namespace) -> "ChunkStore":
+        """This store's connections and tiers, for another namespace (an engine with several
+        layouts: one per host pool). The view owns nothing: closing it only stops its own
+        background work, and this store closes the connections. Same loop as this store."""
+        view = ChunkStore(self.settings, namespace, self.transport, transport_name=self.transport_name,
+                          tiers=self.tiers)
+        view._borrowed = True
+        return view
 
     # ------------------------------------------------------------------ lookup
 
@@ -180,17 +193,18 @@ class ChunkStore:
 
     # --------------------------------------------------------------------- get
 
-    async def get_into(self, ref: ChunkRef, dest: memoryview) -> GetResult | None:
+    async def get_into(self, ref: ChunkRef, dest: Payload) -> GetResult | None:
         return (await self.get_many_into([(ref, dest)]))[0]
 
     async def get_many_into(
         self,
-        items: Sequence[tuple[ChunkRef, memoryview]],
+        items: Sequence[tuple[ChunkRef, Payload]],
         *,
         on_release: Callable[[int], None] | None = None,
         accept: Callable[[int, ChunkMeta], bool] | None = None,
     ) -> list[GetResult | None]:
-        """Read each chunk's payload into its buffer. Verified hits or ``None``; never raises for a miss.
+        """Read each chunk's payload into its buffer (or its parts, in order). Verified hits or
+        ``None``; never raises for a miss.
 
         ``on_release(i)`` is called once for every item that did not become a hit, when its
         buffer may be reused: with RESP before this returns (or raises); with RMA when the
@@ -236,7 +250,7 @@ class ChunkStore:
 
     async def _read_round(
         self,
-        items: Sequence[tuple[ChunkRef, memoryview]],
+        items: Sequence[tuple[ChunkRef, Payload]],
         deadline: float,
         tier: str = "ram",
         *,
@@ -252,7 +266,8 @@ class ChunkStore:
             for _ in items:
                 metrics.record_miss(tier, "deadline")
             return [None] * len(items)
-        sinks = [codec.PayloadSink([memoryview(h), d]) for h, (_, d) in zip(headers, items)]
+        dests = [codec.payload_parts(d) for _, d in items]
+        sinks = [codec.PayloadSink([memoryview(h), *d]) for h, d in zip(headers, dests)]
         reqs = list(zip(keys, sinks))
         kw: dict[str, Any] = {}
         if rel.by_transport:
@@ -268,9 +283,9 @@ class ChunkStore:
                 metrics.record_miss(tier, cause)
             return [None] * len(items)
         out: list[GetResult | None | object] = [None] * len(items)
-        verified: list[tuple[int, bytes, codec.Header, memoryview]] = []
+        verified: list[tuple[int, bytes, codec.Header, tuple[memoryview, ...]]] = []
         known_crc: dict[int, int] = {}  # checksums the transport computed while receiving
-        for i, (key, header, (ref, dest), value_len) in enumerate(zip(keys, headers, items, raw)):
+        for i, (key, header, (ref, _), dest, value_len) in enumerate(zip(keys, headers, items, dests, raw)):
             if value_len is None:
                 out[i] = _ABSENT
                 continue
@@ -294,7 +309,7 @@ class ChunkStore:
             verified.append((i, key, h, dest))
             if sinks[i].crc is not None:
                 known_crc[i] = sinks[i].crc
-        todo = [(i, dest[: h.payload_len]) for i, _, h, dest in verified if i not in known_crc]
+        todo = [(i, codec.clip_parts(dest, h.payload_len)) for i, _, h, dest in verified if i not in known_crc]
         known_crc.update(zip((i for i, _ in todo), await _payload_crcs([v for _, v in todo])))
         for i, key, h, _ in verified:
             crc = known_crc[i]
@@ -342,11 +357,12 @@ class ChunkStore:
 
     # --------------------------------------------------------------------- put
 
-    async def put(self, ref: ChunkRef, meta: ChunkMeta, payload: memoryview) -> bool:
+    async def put(self, ref: ChunkRef, meta: ChunkMeta, payload: Payload) -> bool:
         return (await self.put_many([(ref, meta, payload)]))[0]
 
-    async def put_many(self, items: Sequence[tuple[ChunkRef, ChunkMeta, memoryview]]) -> list[bool]:
-        """Store chunks (header + payload, the payload sent from the caller's buffer). True = stored.
+    async def put_many(self, items: Sequence[tuple[ChunkRef, ChunkMeta, Payload]]) -> list[bool]:
+        """Store chunks (header + payload, the payload sent from the caller's buffer or its
+        parts). True = stored.
 
         Large payloads are pipelined one by one: chunk i is on the wire while chunk i+1's
         CRC is computed, instead of checksumming the whole batch before sending any of it.
@@ -356,7 +372,8 @@ class ChunkStore:
             return []
         started = time.perf_counter()
         deadline = started + self.settings.op_timeout_s
-        if all(p.nbytes < _CRC_THREAD_MIN for _, _, p in items):
+        items = [(ref, meta, codec.payload_parts(p)) for ref, meta, p in items]
+        if all(codec.parts_nbytes(p) < _CRC_THREAD_MIN for _, _, p in items):
             ok = await self._put_batch(items, deadline)
         else:
             ok = list(await asyncio.gather(*(self._put_batch([item], deadline) for item in items)))
@@ -364,12 +381,15 @@ class ChunkStore:
         metrics.observe_latency("put", "ram", self.transport_name, time.perf_counter() - started)
         return ok
 
-    async def _put_batch(self, items: Sequence[tuple[ChunkRef, ChunkMeta, memoryview]], deadline: float) -> list[bool]:
+    async def _put_batch(
+        self, items: Sequence[tuple[ChunkRef, ChunkMeta, tuple[memoryview, ...]]], deadline: float
+    ) -> list[bool]:
         ok = [False] * len(items)
         slots = []
         for i, (ref, _, payload) in enumerate(items):
-            if payload.nbytes > self.settings.max_chunk_bytes:
-                log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, payload.nbytes)
+            nbytes = codec.parts_nbytes(payload)
+            if nbytes > self.settings.max_chunk_bytes:
+                log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, nbytes)
                 metrics.record_error("put", "oversized")
                 continue
             slots.append(i)
@@ -386,7 +406,7 @@ class ChunkStore:
                 log.warning("chunk %s not stored: %s", ref.chunk_id, e)
                 metrics.record_error("put", "format")
                 continue
-            reqs.append((self.namespace.data_key(ref.chunk_id), (header, payload)))
+            reqs.append((self.namespace.data_key(ref.chunk_id), (header, *payload)))
             sent.append(i)
         if not reqs:
             return ok
@@ -401,7 +421,7 @@ class ChunkStore:
             log.warning("put of %d chunks failed: %s", len(reqs), e)
             errs = [e] * len(reqs)
         for slot, (key, parts), err in zip(sent, reqs, errs):
-            nbytes = memoryview(parts[1]).nbytes
+            nbytes = sum(memoryview(p).nbytes for p in parts[1:])
             if err is None:
                 ok[slot] = True
                 if self.tiers is not None:
@@ -532,6 +552,8 @@ class ChunkStore:
             t.cancel()
         if self._background:
             await asyncio.wait(list(self._background), timeout=1.0)
+        if self._borrowed:
+            return
         for obj in reversed(self.owned):
             await _close_quietly(obj)
         await self.transport.close()
@@ -591,21 +613,23 @@ _CRC_THREAD_MIN = 256 << 10
 _crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-async def _payload_crcs(views: Sequence[memoryview], *, overlap: bool = False) -> list[int]:
-    """CRC32C of each view. Large ones go to worker threads when there is something to
-    overlap them with: other checks in the batch, or (``overlap``) other I/O in flight."""
+async def _payload_crcs(payloads: Sequence[Sequence[memoryview]], *, overlap: bool = False) -> list[int]:
+    """CRC32C of each payload (its parts chained). Large ones go to worker threads when there
+    is something to overlap them with: other checks in the batch, or (``overlap``) other I/O
+    in flight."""
     global _crc_pool
-    large = sum(v.nbytes >= _CRC_THREAD_MIN for v in views)
+    sizes = [codec.parts_nbytes(p) for p in payloads]
+    large = sum(n >= _CRC_THREAD_MIN for n in sizes)
     if large == 0 or (large == 1 and not overlap):  # nothing to overlap: skip the thread hop
-        return [codec.crc32c(v) for v in views]
+        return [codec.crc32c_parts(p) for p in payloads]
     if _crc_pool is None:
         _crc_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="lmcv-crc"
         )
     loop = asyncio.get_running_loop()
     return list(await asyncio.gather(*(
-        loop.run_in_executor(_crc_pool, codec.crc32c, v) if v.nbytes >= _CRC_THREAD_MIN else _done(codec.crc32c(v))
-        for v in views
+        loop.run_in_executor(_crc_pool, codec.crc32c_parts, p) if n >= _CRC_THREAD_MIN else _done(codec.crc32c_parts(p))
+        for p, n in zip(payloads, sizes)
     )))
 
 

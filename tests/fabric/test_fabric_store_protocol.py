@@ -116,3 +116,43 @@ def test_operations_after_close_fail_with_a_transport_error():
             await t.get_into(b"k", [memoryview(bytearray(8))], 1.0)
 
     asyncio.run(run())
+
+
+def test_a_chunk_in_scattered_parts_of_a_registered_arena_moves_by_rma(start_server):
+    from lmcache_valkey.codec import ChunkMeta
+    from lmcache_valkey.keys import make_namespace
+    from lmcache_valkey.store import ChunkRef, open_store
+
+    srv = start_server("tcp;ofi_rxm")
+    settings = Settings(nodes=(Node("127.0.0.1", srv.port),), transport="fabric",
+                        fabric=FabricSettings(provider="tcp;ofi_rxm", bind_addr="127.0.0.1"))
+
+    async def body():
+        ns = make_namespace("lmcv", "t1", {"model": "m"})
+        store = await open_store(settings, ns)
+        try:
+            arena = bytearray(4 * MiB)
+            assert store.register_memory(*_address_and_length(arena))
+            mv = memoryview(arena)
+            # 8 parts of 64 KiB, 128 KiB apart (one page's layers in a layer-first pool).
+            src = [mv[i * 128 * 1024: i * 128 * 1024 + 64 * 1024] for i in range(8)]
+            dst = [mv[2 * MiB + i * 128 * 1024: 2 * MiB + i * 128 * 1024 + 64 * 1024] for i in range(8)]
+            for p in src:
+                p[:] = os.urandom(64 * 1024)
+            ref = ChunkRef(ns.chunk_id("page"), "page")
+            assert await store.put(ref, ChunkMeta(((8, 65536),), ("uint8",), 0), src)
+            got = await store.get_into(ref, dst)
+            assert got is not None and got.nbytes == 8 * 64 * 1024
+            assert [bytes(d) for d in dst] == [bytes(s) for s in src]
+            assert store.transport.stats["bulk_fallbacks"] == 0
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+    assert srv.info()["rma_gets"] == 1 and srv.info()["rma_sets"] == 1
+
+
+def _address_and_length(buf: bytearray) -> tuple[int, int]:
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf)), len(buf)
