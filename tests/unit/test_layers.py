@@ -31,6 +31,7 @@ FORBIDDEN = {
     "codec.py": ("integrations", "store", "transport", "tiering"),
     "keys.py": ("integrations", "store", "transport", "tiering"),
     "config.py": ("integrations", "store", "transport", "tiering"),
+    "timeouts.py": ("integrations", "store", "transport", "tiering", "config", "errors"),
 }
 
 

@@ -113,6 +113,20 @@ def _module_name(lf: Libfabric, source: str) -> str:
     return f"_lmcv_fabric_{lf.version.replace('.', '_')}_{digest}"
 
 
+def _check_build_tools() -> None:
+    """cffi compiles through setuptools from Python 3.12 on (distutils left the standard
+    library); without it cffi's own error suggests nothing a user can act on."""
+    if sys.version_info < (3, 12):
+        return
+    try:
+        import setuptools  # noqa: F401
+    except ImportError:
+        raise BuildError(
+            f"building the libfabric binding needs setuptools on Python {sys.version_info.major}."
+            f"{sys.version_info.minor}: {sys.executable} -m pip install 'setuptools>=68' "
+            "(lmcache-valkey requires it there; an install with --no-deps skips it)") from None
+
+
 def _ffibuilder(lf: Libfabric, name: str, source: str):  # -> cffi.FFI
     import cffi
 
@@ -149,6 +163,7 @@ def build_and_load() -> ModuleType:
         with open(cache / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not target.exists():
+                _check_build_tools()
                 with tempfile.TemporaryDirectory(dir=cache) as tmp:
                     try:
                         built = _ffibuilder(lf, name, source).compile(tmpdir=tmp, verbose=False)

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Sequence
 
+from ...timeouts import timeout as deadline
 from ...codec import PayloadSink
 from ...config import Node, Settings
 from ...errors import (
@@ -123,7 +124,7 @@ class RespClient:
                 errors.append(str(e))
                 continue
             try:
-                async with asyncio.timeout(s.connect_timeout_s):
+                async with deadline(s.connect_timeout_s):
                     if s.cluster == "yes":
                         self._cluster = True
                     elif s.cluster == "auto" and not node.path:
@@ -222,7 +223,7 @@ class RespClient:
             return [err] * len(ops)
         results: list[Any] = [PENDING] * len(ops)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline(timeout):
                 todo = ops
                 for attempt in range(MAX_REDIRECTS + 1):
                     groups: dict[Node, list[Op]] = {}

@@ -40,6 +40,7 @@ from collections import deque
 from itertools import repeat
 from typing import Any, Callable, Sequence
 
+from ...timeouts import timeout as deadline
 from ...config import Node, Settings, TLSSettings
 from ...errors import (
     AuthError,
@@ -420,7 +421,7 @@ async def open_connection(
     conn = Connection(node)
     what = f"valkey{'s' if ssl_context else ''}://{node.name}"
     try:
-        async with asyncio.timeout(timeout):
+        async with deadline(timeout):
             sock = await _raw_connect(node)
             try:
                 kw: dict[str, Any] = {}
