@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
+from . import acl
 from .config import Settings
 from .errors import AuthError, LmcacheValkeyError, ServerError, TransportError
 
@@ -45,11 +46,12 @@ class Doctor:
     async def run(self) -> list[Check]:
         connected = await self._connect()
         if connected:
-            for step in (self._server, self._memory, self._acl, self._modules):
+            for step in (self._server, self._memory, self._acl, self._scope, self._secret, self._modules):
                 await self._guard(step)
         else:
-            for name in ("server", "memory", "acl", "modules"):
+            for name in ("server", "memory", "acl", "scope", "modules"):
                 self.add(name, SKIP, "not reachable")
+            await self._guard(self._secret)
         await self._guard(self._fabric)
         if self.s3_bucket:
             await self._guard(self._s3)
@@ -103,15 +105,26 @@ class Doctor:
                 out[k.strip()] = v.strip()
         return out
 
+    def _refused(self, name: str, e: AuthError) -> None:
+        """A check whose command the ACL refuses: what the recommended worker line does."""
+        self.add(name, SKIP, f"not visible to this user ({e.message.split(' ', 1)[0]}): "
+                             "the recommended worker ACL allows only what the plugin sends")
+
     async def _server(self) -> None:
-        info = await self._info("server")
+        try:
+            info = await self._info("server")
+        except AuthError as e:
+            return self._refused("server", e)
         version = info.get("valkey_version") or info.get("redis_version", "?")
         product = "Valkey" if "valkey_version" in info else "Redis"
         mode = "cluster" if getattr(self._client, "is_cluster", False) else info.get("redis_mode", "standalone")
         self.add("server", OK, f"{product} {version} ({mode})")
 
     async def _memory(self) -> None:
-        info = await self._info("memory")
+        try:
+            info = await self._info("memory")
+        except AuthError as e:
+            return self._refused("memory", e)
         maxmem = int(info.get("maxmemory", "0") or 0)
         policy = info.get("maxmemory_policy", "?")
         used = int(info.get("used_memory", "0") or 0)
@@ -131,25 +144,103 @@ class Doctor:
         try:
             await self._client.command("SET", probe, b"1", "PX", 10000, key=probe, timeout=t)
             await self._client.command("GET", probe, key=probe, timeout=t)
-            await self._client.command("DEL", probe, key=probe, timeout=t)
+            await self._client.command("UNLINK", probe, key=probe, timeout=t)
         except AuthError as e:
             self.add("acl", FAIL, f"the ACL user cannot read/write its tenant's keys ({e})",
-                     f"grant it: ACL SETUSER {s.username or 'default'} on ~{s.key_prefix}:{s.tenant}:* +@read +@write +@keyspace +exists +scan +ping +info")
+                     f"give it the worker line (ACL file, or ACL SETUSER with the same words): {self._worker_line()}")
             return
         except ServerError as e:
             self.add("acl", FAIL, f"writing a probe key failed: {e}", "see the server's error above (OOM? read-only replica?)")
             return
         self.add("acl", OK, f"read/write allowed on {s.key_prefix}:{s.tenant}:*")
 
+    def _worker_line(self) -> str:
+        s = self.settings
+        return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
+                               tiering=True, db=s.db)
+
+    def _is_cluster(self) -> bool:
+        return bool(getattr(self._client, "is_cluster", False))
+
+    async def _scope(self) -> None:
+        """Can this user run commands that reach past its tenant (wipe, list or swap every
+        tenant's keys, load crafted values, see or stop other clients)? Asked with ACL DRYRUN
+        when the user may, else queued in a transaction that is discarded, else run with
+        harmless arguments where the command has such a form."""
+        s = self.settings
+        found = await self._probe_privileges()
+        allowed = [p for p, v in found if v == acl.ALLOWED]
+        unprobed = [p.name for p, v in found if v == acl.UNKNOWN]
+        if allowed:
+            self.add("scope", WARN, "this user can run " + "; ".join(f"{p.name} ({p.why})" for p in allowed),
+                     f"where tenants share this server, allow only what the plugin sends: {self._worker_line()} "
+                     "(tierd and operators have their own lines, docs/security.md)")
+            return
+        note = f"; not probed: {', '.join(unprobed)} (as an operator: ACL DRYRUN {s.username or 'default'} <command>)" \
+            if unprobed else ""
+        self.add("scope", OK, f"no keyspace-wide or server-wide command allowed ({len(found) - len(unprobed)} probed){note}")
+
+    async def _probe_privileges(self) -> list[tuple[acl.Probe, str]]:
+        from .transport.resp.connection import make_ssl_context, open_connection
+
+        s = self.settings
+        user = s.username or "default"
+        key = f"{s.key_prefix}:{s.tenant}:doctor:probe"
+        probes = [(p, tuple(key if a == acl.PROBE_KEY else a for a in p.args)) for p in acl.PROBES]
+        node = self._client.primaries()[0] if hasattr(self._client, "primaries") else s.nodes[0]
+        conn = await open_connection(node, s, ssl_context=make_ssl_context(s.tls) if s.tls else None)
+        t = s.op_timeout_s
+
+        async def ask(*args: Any) -> Any:
+            try:
+                return await asyncio.wait_for(conn.call(*args), t)
+            except ServerError as e:
+                return e
+
+        try:
+            dry = await ask("ACL", "DRYRUN", user, "PING")
+            if acl.classify(dry) == acl.ALLOWED and not isinstance(dry, BaseException):
+                # The user may administer ACLs: that alone is past its tenant, and it answers exactly.
+                return [(p, acl.ALLOWED if p.name == "ACL" else
+                         acl.classify(await ask("ACL", "DRYRUN", user, *args), dryrun=True)) for p, args in probes]
+            if acl.classify(await ask("MULTI")) == acl.ALLOWED:
+                try:
+                    return [(p, acl.classify(await ask(*args))) for p, args in probes]  # queued, never run
+                finally:
+                    await ask("DISCARD")
+            return [(p, acl.classify(await ask(*args)) if p.direct else acl.UNKNOWN) for p, args in probes]
+        finally:
+            conn.close()
+
+    async def _secret(self) -> None:
+        s = self.settings
+        if s.tenant_secret is not None:
+            self.add("secret", OK, "chunk ids are keyed with the tenant secret")
+        elif s.username or s.tenant != "default":
+            self.add("secret", WARN, f"no tenant_secret: whoever knows the tenant name {s.tenant!r} can compute "
+                                     "its chunk ids, and a tenant that can list keys can probe its prompts",
+                     "set tenant_secret_file (the same secret in every worker of the tenant; `openssl rand -hex 32`)")
+
     async def _modules(self) -> None:
         from .transport.fabric.commands import HELLO  # the dialect's names live there, pure Python
 
         t = self.settings.op_timeout_s
         wants = self.settings.transport in ("fabric", "auto")
-        mods = await self._client.command("MODULE", "LIST", timeout=t)
-        names = sorted(_module_names(mods))
-        info = await self._client.command("COMMAND", "INFO", HELLO, timeout=t)
-        loaded = bool(info) and info[0] is not None
+        try:
+            names = sorted(_module_names(await self._client.command("MODULE", "LIST", timeout=t)))
+        except AuthError:
+            names = ["(MODULE LIST not allowed for this user)"]
+        try:
+            info = await self._client.command("COMMAND", "INFO", HELLO, timeout=t)
+            loaded = bool(info) and info[0] is not None
+        except AuthError:
+            # The worker line refuses COMMAND; ask the command itself: the server answers an
+            # unknown command before it consults the ACL (and checks arity before it too).
+            try:
+                await self._client.command(HELLO, timeout=t)
+                loaded = True
+            except ServerError as e:
+                loaded = "unknown command" not in e.message.lower()
         if loaded:
             self.add("modules", OK, f"fabric endpoint answers {HELLO} (modules: {', '.join(names)})")
         elif wants:

@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -191,8 +192,8 @@ def test_full_values_shape():
     assert args[-4:] == ["--admission", "frequency", "--flush-queue-max", "4096"]
     assert tierd["envFrom"] == [{"secretRef": {"name": "lmcv-s3"}}]
     env = {e["name"]: e for e in tierd["env"]}
-    assert env["LMCACHE_VALKEY_USERNAME"]["value"] == "lmcv-ops"
-    assert env["LMCACHE_VALKEY_PASSWORD_FILE"]["value"] == "/etc/valkey/acl/ops-password"
+    assert env["LMCACHE_VALKEY_USERNAME"]["value"] == "lmcv-tierd"  # its own user, confined to its tenant
+    assert env["LMCACHE_VALKEY_PASSWORD_FILE"]["value"] == "/etc/valkey/acl/tierd-password"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["acl"]["secret"]["secretName"] == "lmcv-acl"
     assert volumes["tls"]["secret"]["secretName"] == "lmcv-tls"
@@ -584,3 +585,72 @@ def test_rendered_config_runs_with_tls(pod_factory, tmp_path):
     assert "tls-port" in pod.cli("--tls", "--cacert", str(pod.etc / "tls" / "ca.crt"), "config", "get", "tls-port")
     plain = subprocess.run([VALKEY_CLI, "-h", "127.0.0.1", "-p", str(pod.port), "ping"], capture_output=True, timeout=30)
     assert b"PONG" not in plain.stdout  # no plaintext port
+
+
+# --- ACL: the notes print the allow-lists; tierd runs as its own confined user ------------------
+AUTH_VALUES = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"},
+               "tierd": {"tenant": "team-a"}, "client": {"tenant": "team-a", "username": "team-a-workers"}}
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster"])
+def test_notes_print_one_allow_list_per_principal(mode):
+    from lmcache_valkey import acl
+    from support.acl_lines import acl_lines
+
+    values = copy.deepcopy(AUTH_VALUES)
+    values["valkey"] = {"mode": mode}
+    lines = acl_lines(_render(values)["lmcache-valkey/templates/NOTES.txt"])
+    cluster = mode == "cluster"
+    assert "  user default off" in _render(values)["lmcache-valkey/templates/NOTES.txt"].splitlines()
+    assert lines == {
+        "lmcv-ops": acl.operator_line("lmcv-ops", password="OPS_PASSWORD"),
+        "lmcv-tierd": acl.tierd_line("lmcv-tierd", "team-a", password="TIERD_PASSWORD", cluster=cluster),
+        "team-a-workers": acl.worker_line("team-a-workers", "team-a", tiering=True, cluster=cluster),
+    }
+    snippet = yaml.safe_load(_notes_snippet(values))["extra_config"]
+    assert snippet["remote_storage_plugin.valkey.cluster"] == ("yes" if cluster else "no")
+
+
+def test_tierd_runs_as_its_own_tenant_confined_user(pod_factory, tmp_path):
+    notes = _render(AUTH_VALUES)["lmcache-valkey/templates/NOTES.txt"]
+    passwords = {"OPS_PASSWORD": "ops-secret", "TIERD_PASSWORD": "tierd-secret", "PASSWORD": "a-secret"}
+    acl_file = "\n".join(re.sub(r">(\w+)", lambda m: ">" + passwords[m.group(1)], line)
+                         for line in notes.splitlines() if line.strip().startswith("user ")) + "\n"
+    files = {"acl/users.acl": acl_file, "acl/ops-password": "ops-secret\n", "acl/tierd-password": "tierd-secret\n"}
+    pod = pod_factory(AUTH_VALUES, env={"REDISCLI_AUTH": "ops-secret"}, files=files)
+    pod.wait_ready()
+    values = copy.deepcopy(AUTH_VALUES)
+    values["valkey"] = {"port": pod.port}
+    (sts,) = _kind(_docs(_render(values)), "StatefulSet")
+    spec = sts["spec"]["template"]["spec"]
+    (tierd,) = [c for c in spec["containers"] if c["name"] == "tierd"]
+    mounts = {m["name"]: m["mountPath"] for m in tierd["volumeMounts"]}
+    assert "acl" not in mounts  # only its own password, not the ACL file with everyone's
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "tierd-password"]
+    assert [i["key"] for i in vol["secret"]["items"]] == ["tierd-password"]
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    metrics = _free_port()
+    args = [a.replace(tierd["args"][tierd["args"].index("--nvme-dir") + 1], str(nvme)) for a in tierd["args"]]
+    args[args.index("--metrics-port") + 1] = str(metrics)
+    env = {e["name"]: e["value"].replace(mounts["tierd-password"], str(pod.etc / "acl"))
+           for e in tierd["env"] if "value" in e}
+    exe = Path(sys.executable).with_name("lmcache-valkey")
+    log = tmp_path / "tierd.log"
+    proc = subprocess.Popen([str(exe), *args], env={**os.environ, **env}, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60  # start-up of a hung process, not a speed check
+        users: set[str] = set()
+        ops = ["--user", "lmcv-ops", "--pass", "ops-secret", "--no-auth-warning"]
+        while "lmcv-tierd" not in users:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            users = set(re.findall(r"user=(\S+)", pod.cli(*ops, "client", "list")))
+            time.sleep(0.2)
+        assert users == {"lmcv-tierd", "lmcv-ops"}  # tierd's connections, and this one
+        assert "OK" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "get", "lmcv:team-a:x")
+        assert "no permissions" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "get", "lmcv:team-b:x")
+        assert "no permissions" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "flushall")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

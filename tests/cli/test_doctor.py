@@ -108,3 +108,54 @@ def test_s3_down_is_named_and_s3_up_passes(valkey_server):
 def test_malformed_settings_exit_2():
     code, checks = doctor("--url", "http://nope:1")
     assert code == 2 and "url" in checks["usage"]["detail"]
+
+
+def _as_user(server, tmp_path, user: str, *extra: str):
+    pw = tmp_path / f"{user}-pw"
+    pw.write_text("pw")
+    return doctor("--url", server.url, "--username", user, "--password-file", str(pw), "--tenant", "team-a",
+                  "--transport", "tcp", *extra)
+
+
+def test_a_user_that_reaches_past_its_tenant_is_warned_and_nothing_is_run(valkey_server, tmp_path):
+    from lmcache_valkey import acl
+    from support.acl_lines import setuser
+
+    old = ["-@all", "+@read", "+@write", "+@connection", "+info"]  # the line this project used to print
+    valkey_server.cmd("ACL", "SETUSER", "old", "on", ">pw", "resetkeys", "~lmcv:team-a:*", *old)
+    valkey_server.cmd("ACL", "SETUSER", "txn", "on", ">pw", "resetkeys", "~lmcv:team-a:*", "-@all", "+get", "+set",
+                      "+unlink", "+multi", "+discard", "+keys", "+monitor")
+    valkey_server.cmd("ACL", "SETUSER", "admin", "on", ">pw", "~*", "&*", "+@all")
+    setuser(valkey_server, acl.worker_line("team-a", "team-a", tiering=True), "pw")
+    valkey_server.cmd("SET", "lmcv:team-b:canary", "theirs")
+    code, checks = _as_user(valkey_server, tmp_path, "old")  # direct probes with harmless arguments
+    assert code == 0 and checks["scope"]["status"] == "warn", checks["scope"]
+    for verb in ("FLUSHALL", "FLUSHDB", "SWAPDB", "RESTORE", "SCAN", "RANDOMKEY", "CLIENT KILL", "CLIENT PAUSE"):
+        assert verb in checks["scope"]["detail"], verb
+    assert acl.worker_line("old", "team-a", tiering=True) in checks["scope"]["fix"]
+    _, checks = _as_user(valkey_server, tmp_path, "txn")  # queued in MULTI, discarded
+    assert checks["scope"]["status"] == "warn" and "KEYS" in checks["scope"]["detail"]
+    assert "MONITOR" in checks["scope"]["detail"] and "FLUSHALL" not in checks["scope"]["detail"]
+    _, checks = _as_user(valkey_server, tmp_path, "admin")  # asked with ACL DRYRUN
+    assert checks["scope"]["status"] == "warn" and "ACL" in checks["scope"]["detail"]
+    assert "SHUTDOWN" in checks["scope"]["detail"] and "KEYS" in checks["scope"]["detail"]
+    code, checks = _as_user(valkey_server, tmp_path, "team-a")  # the recommended line
+    assert code == 0 and checks["scope"]["status"] == "ok", checks["scope"]
+    assert checks["acl"]["status"] == "ok" and checks["server"]["status"] == "skip"
+    # nothing the probes named was run
+    assert valkey_server.cmd("GET", "lmcv:team-b:canary") == b"theirs"
+    assert valkey_server.cmd("DBSIZE") == 1
+
+
+def test_a_tenant_without_a_key_secret_is_warned(valkey_server, tmp_path):
+    valkey_server.cmd("ACL", "SETUSER", "team-a", "on", ">pw", "~lmcv:team-a:*", "+@all")
+    _, checks = _as_user(valkey_server, tmp_path, "team-a")
+    assert checks["secret"]["status"] == "warn" and "tenant_secret" in checks["secret"]["fix"]
+    secret = tmp_path / "secret"
+    secret.write_text("team-a-secret-0123456789")
+    cfg = tmp_path / "lmcache.yaml"
+    cfg.write_text("extra_config:\n"
+                   f"  remote_storage_plugin.valkey.tenant_secret_file: {secret}\n"
+                   "  remote_storage_plugin.valkey.tenant: team-a\n")
+    _, checks = _as_user(valkey_server, tmp_path, "team-a", "--config", str(cfg))
+    assert checks["secret"]["status"] == "ok"

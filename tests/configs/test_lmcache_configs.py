@@ -77,6 +77,10 @@ def _localize(keys: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
             path = tmp_path / k
             path.write_text("secret\n")
             out[k] = str(path)
+    if "tenant_secret_file" in out:
+        path = tmp_path / "tenant_secret"
+        path.write_text("a-tenant-secret-of-32-characters\n")
+        out["tenant_secret_file"] = str(path)
     return out
 
 
@@ -136,11 +140,12 @@ def test_tcp_example_round_trip(valkey_server):
 
 
 def test_multi_tenant_example_round_trip_with_acl_and_tls(valkey_tls_server, tmp_path):
+    from support.acl_lines import acl_lines, setuser
+
     server = valkey_tls_server
-    keys = _plugin_keys(_load("multi-tenant.yaml"))
-    tenant, user = keys["tenant"], keys["username"]
-    server.cmd("ACL", "SETUSER", user, "on", ">team-a-pw", f"~lmcv:{tenant}:*", "-@all", "+@read", "+@write",
-               "+@connection", "+info")
+    keys = _localize(_plugin_keys(_load("multi-tenant.yaml")), tmp_path)
+    user = keys["username"]
+    setuser(server, acl_lines((CONFIGS / "multi-tenant.yaml").read_text())[user], "team-a-pw")  # the documented line
     (tmp_path / "password").write_text("team-a-pw\n")
     keys.update(url=server.url, tls_ca_file=server.tls.ca_file, password_file=str(tmp_path / "password"))
     _round_trip({k: v for k, v in keys.items() if k not in LMCACHE_OWN_KEYS})

@@ -80,6 +80,26 @@ def _sink(bufs: Any) -> list[memoryview]:
 REFRESH_MIN_INTERVAL_S = 1.0
 
 
+async def _detect_cluster(conn: Any, node: Node) -> bool:
+    """``INFO cluster``; where the ACL refuses INFO (the recommended worker line does,
+    docs/security.md), ``CLUSTER SLOTS``: a cluster's workers are granted it, a standalone
+    server answers it with an error, and a standalone worker's line does not grant it."""
+    try:
+        return cluster_enabled(await conn.call("INFO", "cluster"))
+    except ServerError as e:
+        if isinstance(e, AuthError) and e.prefix != "NOPERM":
+            raise
+        first = e
+    try:
+        await conn.call("CLUSTER", "SLOTS")
+        return True
+    except ServerError as e:
+        if isinstance(e, AuthError) and e.prefix != "NOPERM":
+            raise
+        log.debug("%s: INFO refused (%s), CLUSTER SLOTS refused (%s): standalone", node.name, first, e)
+        return False
+
+
 class RespClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -128,12 +148,7 @@ class RespClient:
                     if s.cluster == "yes":
                         self._cluster = True
                     elif s.cluster == "auto" and not node.path:
-                        try:
-                            self._cluster = cluster_enabled(await conn.call("INFO", "cluster"))
-                        except ServerError as e:
-                            if isinstance(e, AuthError) and e.prefix != "NOPERM":
-                                raise
-                            log.warning("INFO cluster refused on %s (%s); assuming standalone", node.name, e)
+                        self._cluster = await _detect_cluster(conn, node)
                     if self._cluster:
                         reply = await conn.call("CLUSTER", "SLOTS")
                         self._map.load(parse_cluster_slots(reply, node.host))

@@ -1,0 +1,128 @@
+"""The Valkey ACL lines this project recommends, and how to tell a user that can do more.
+
+Three principals (docs/security.md): a tenant's **workers**, that tenant's **tierd**, and
+**operators**. A worker's and a tierd's line is an allow-list of exactly the commands that
+principal sends (``tests/security/test_acl.py`` runs the plugin, the worker's tier client
+and tierd under these lines with ``MONITOR`` on and compares), confined to the tenant's keys
+(``~<prefix>:<tenant>:*``) and to no Pub/Sub channel. Whatever the line does not name is
+refused with ``NOPERM``: keyspace-wide reads (``KEYS``, ``SCAN``, ``RANDOMKEY``, ``DBSIZE``,
+``INFO``), server-wide writes (``FLUSHALL``, ``FLUSHDB``, ``SWAPDB``, ``RESTORE``,
+``CONFIG``), other clients (``CLIENT LIST/KILL/PAUSE``, ``MONITOR``) and administration.
+
+The chart's NOTES, ``configs/multi-tenant.yaml`` and the docs print these lines; ``doctor``
+prints them as the fix and uses :data:`PROBES` to warn about a user that can run more.
+
+Pure data and pure functions: the doctor does the I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# What a worker sends (RESP transport): reads, writes and lookups of its chunks, PING.
+WORKER = ("get", "set", "getrange", "exists", "unlink", "ping")
+# ... with tiering in the service placement (docs/tiering-promotion.md): the request list,
+# its reply list and the delete-intent hash.
+WORKER_TIERING = ("rpush", "ltrim", "blpop", "hset")
+# What tierd sends: chunk values and tier markers (GET/SET/PTTL/EXISTS/UNLINK), the demotion
+# pass (SCAN over the tenant's pattern, OBJECT IDLETIME, INFO memory), the request and reply
+# lists (BLPOP/LPOP/RPUSH/PEXPIRE, EVAL for RPUSH+PEXPIRE in one step) and delete intents.
+TIERD = ("get", "set", "pttl", "exists", "unlink", "scan", "object|idletime", "info", "blpop", "lpop",
+         "rpush", "pexpire", "eval", "hkeys", "hset", "hdel")
+# Valkey Cluster: the slot map and ASK redirections.
+CLUSTER = ("cluster|slots", "asking")
+
+
+def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[str, ...]) -> str:
+    allow = " ".join(f"+{c}" for c in commands)
+    return f"user {user} on >{password} resetkeys resetchannels ~{prefix}:{tenant}:* -@all {allow}"
+
+
+def worker_commands(*, cluster: bool = False, tiering: bool = False, db: int = 0) -> tuple[str, ...]:
+    return WORKER + (WORKER_TIERING if tiering else ()) + (CLUSTER if cluster else ()) + (("select",) if db else ())
+
+
+def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
+    return TIERD + (CLUSTER if cluster else ()) + (("select",) if db else ())
+
+
+def worker_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
+                cluster: bool = False, tiering: bool = False, db: int = 0) -> str:
+    """The ACL file line for a tenant's workers (``tiering``: with a tierd to talk to)."""
+    return _line(user, password, prefix, tenant, worker_commands(cluster=cluster, tiering=tiering, db=db))
+
+
+def tierd_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
+               cluster: bool = False, db: int = 0) -> str:
+    """The ACL file line for the tierd that serves ``tenant`` (never wider than the tenant)."""
+    return _line(user, password, prefix, tenant, tierd_commands(cluster=cluster, db=db))
+
+
+def operator_line(user: str = "lmcv-ops", *, password: str = "PASSWORD") -> str:
+    """Operators (the chart's probes, replication, cluster Job; people): everything."""
+    return f"user {user} on >{password} ~* &* +@all"
+
+
+# --- telling a user that can do more ---------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    """A command a worker's user must not be able to run. ``args`` are harmless where the
+    command is allowed (a syntax or range error, a no-op), so that ``direct`` probes may run
+    it; the others are only ever queued in a transaction that is discarded, or asked about
+    with ``ACL DRYRUN``."""
+
+    name: str
+    args: tuple[str, ...]
+    why: str
+    direct: bool = True
+
+
+PROBE_KEY = "{tenant_key}"  # replaced by a key inside the tenant's pattern
+PROBES: tuple[Probe, ...] = (
+    Probe("FLUSHALL", ("FLUSHALL", "LMCV-DOCTOR", "PROBE"), "wipes every tenant's chunks"),
+    Probe("FLUSHDB", ("FLUSHDB", "LMCV-DOCTOR", "PROBE"), "wipes every tenant's chunks"),
+    Probe("SWAPDB", ("SWAPDB", "lmcv-doctor", "probe"), "swaps every tenant's data"),
+    Probe("RESTORE", ("RESTORE", PROBE_KEY, "0", "\x00"), "loads crafted serialized values"),
+    Probe("CONFIG SET", ("CONFIG", "SET", "lmcv-doctor-probe", "x"), "reconfigures the server"),
+    Probe("KEYS", ("KEYS", "lmcv-doctor-probe:*"), "lists every tenant's keys", direct=False),
+    Probe("SCAN", ("SCAN", "0", "MATCH", "lmcv-doctor-probe:*", "COUNT", "1"), "lists every tenant's keys"),
+    Probe("RANDOMKEY", ("RANDOMKEY",), "reveals other tenants' keys"),
+    Probe("DBSIZE", ("DBSIZE",), "counts every tenant's keys"),
+    Probe("CLIENT LIST", ("CLIENT", "LIST", "ID", "0"), "shows other clients and their commands"),
+    Probe("CLIENT KILL", ("CLIENT", "KILL", "ID", "0"), "disconnects other tenants"),
+    Probe("CLIENT PAUSE", ("CLIENT", "PAUSE", "lmcv-doctor-probe"), "stops every client"),
+    Probe("MONITOR", ("MONITOR",), "reads every tenant's commands", direct=False),
+    Probe("SHUTDOWN", ("SHUTDOWN",), "stops the server", direct=False),
+    Probe("ACL", ("ACL", "USERS"), "administers users"),
+)
+
+
+ALLOWED, DENIED, UNKNOWN = "allowed", "denied", "unknown"
+
+
+def classify(reply: Any, *, dryrun: bool = False) -> str:
+    """What one probe's reply says: ``allowed``, ``denied`` (NOPERM) or ``unknown`` (the
+    server does not know the command, or refused it before looking at the ACL).
+
+    ``reply`` is the decoded reply, or the exception a command raised. Queued in MULTI an
+    allowed command answers ``QUEUED``; run directly, its harmless arguments make it answer
+    an error of its own, which still means the ACL let it through. ``ACL DRYRUN`` answers
+    ``OK`` or, when refused, a text naming the missing permission."""
+    if isinstance(reply, BaseException):
+        msg = str(getattr(reply, "message", reply))
+        code = msg.split(" ", 1)[0]
+        if code == "NOPERM" or "no permissions" in msg:
+            return DENIED
+        low = msg.lower()
+        if "unknown command" in low or "unknown subcommand" in low or "not allowed inside a transaction" in low:
+            return UNKNOWN
+        return ALLOWED  # its own error: past the ACL check (a MOVED/ASK too)
+    if dryrun:
+        return ALLOWED if reply in (b"OK", "OK") else DENIED
+    return ALLOWED
+
+
+__all__ = ["WORKER", "WORKER_TIERING", "TIERD", "CLUSTER", "worker_line", "tierd_line", "operator_line",
+           "worker_commands", "tierd_commands", "Probe", "PROBES", "PROBE_KEY", "classify",
+           "ALLOWED", "DENIED", "UNKNOWN"]
