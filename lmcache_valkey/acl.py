@@ -32,6 +32,9 @@ TIERD = ("get", "set", "pttl", "exists", "unlink", "scan", "object|idletime", "i
          "rpush", "pexpire", "eval", "hkeys", "hset", "hdel")
 # Valkey Cluster: the slot map and ASK redirections.
 CLUSTER = ("cluster|slots", "asking")
+# The fabric transport (docs/fabric-acl.md): the module's commands by name (every server;
+# Valkey 9.1 also takes their category, +@largeobj) and DEL, which it deletes with.
+FABRIC = ("del", "blob.hello", "blob.set", "blob.get", "blob.info")
 
 
 def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[str, ...]) -> str:
@@ -39,8 +42,9 @@ def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[st
     return f"user {user} on >{password} resetkeys resetchannels ~{prefix}:{tenant}:* -@all {allow}"
 
 
-def worker_commands(*, cluster: bool = False, tiering: bool = False, db: int = 0) -> tuple[str, ...]:
-    return WORKER + (WORKER_TIERING if tiering else ()) + (CLUSTER if cluster else ()) + (("select",) if db else ())
+def worker_commands(*, cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0) -> tuple[str, ...]:
+    return (WORKER + (WORKER_TIERING if tiering else ()) + (FABRIC if fabric else ()) + (CLUSTER if cluster else ())
+            + (("select",) if db else ()))
 
 
 def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
@@ -48,9 +52,11 @@ def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
 
 
 def worker_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
-                cluster: bool = False, tiering: bool = False, db: int = 0) -> str:
-    """The ACL file line for a tenant's workers (``tiering``: with a tierd to talk to)."""
-    return _line(user, password, prefix, tenant, worker_commands(cluster=cluster, tiering=tiering, db=db))
+                cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0) -> str:
+    """The ACL file line for a tenant's workers (``tiering``: with a tierd to talk to;
+    ``fabric``: with the RMA transport)."""
+    return _line(user, password, prefix, tenant,
+                 worker_commands(cluster=cluster, tiering=tiering, fabric=fabric, db=db))
 
 
 def tierd_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
@@ -123,6 +129,6 @@ def classify(reply: Any, *, dryrun: bool = False) -> str:
     return ALLOWED
 
 
-__all__ = ["WORKER", "WORKER_TIERING", "TIERD", "CLUSTER", "worker_line", "tierd_line", "operator_line",
+__all__ = ["WORKER", "WORKER_TIERING", "TIERD", "CLUSTER", "FABRIC", "worker_line", "tierd_line", "operator_line",
            "worker_commands", "tierd_commands", "Probe", "PROBES", "PROBE_KEY", "classify",
            "ALLOWED", "DENIED", "UNKNOWN"]

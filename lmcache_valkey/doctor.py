@@ -157,7 +157,7 @@ class Doctor:
     def _worker_line(self) -> str:
         s = self.settings
         return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
-                               tiering=True, db=s.db)
+                               tiering=True, fabric=s.transport == "fabric", db=s.db)
 
     def _is_cluster(self) -> bool:
         return bool(getattr(self._client, "is_cluster", False))

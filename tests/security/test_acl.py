@@ -156,3 +156,10 @@ def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
     asyncio.run(auto())
     refused = [dict(zip(e[::2], e[1::2]))[b"object"] for s in valkey_cluster.servers for e in s.cmd("ACL", "LOG")]
     assert refused == [b"info"]
+
+
+def test_the_fabric_addition_names_every_command_of_the_dialect():
+    from lmcache_valkey.transport.fabric import commands
+
+    assert {c.lower() for c in commands.ALL} | {commands.DEL.lower()} == set(acl.FABRIC)
+    assert "+blob.get" in acl.worker_line("a", "a", fabric=True) and "+del" in acl.worker_line("a", "a", fabric=True)
