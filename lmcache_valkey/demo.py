@@ -43,11 +43,29 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 PLUGIN = "valkey"
+# One tolerance for the logits and the KV (absolute and relative, torch.allclose's rule). A hit
+# recomputes the suffix after 2,048 cached tokens while the reference prefills everything at
+# once: float32 sums in another order (and over another thread split) differ by ~1e-5, which is
+# rounding, not a defect. Loading the wrong KV (another chunk, another model) moves logits by
+# far more than 1e-2. 1e-4 sits between the two with a margin on either side.
+TOLERANCE = 1e-4
 BOS = 256
 VOCAB = 260  # bytes 0..255 + BOS + 3 spare ids
 
 QUESTION_A = "\n\nUser: How do I rotate the Valkey ACL password of one tenant without a restart?\nAssistant:"
 QUESTION_B = "\n\nUser: The p99 time to first token doubled after a deploy. What do I check first?\nAssistant:"
+
+
+def tolerance_used(x: Any, ref: Any, atol: float, rtol: float) -> float:
+    """The demo's one match criterion, shared with its test: the largest
+    ``|x - ref| / (atol + rtol * |ref|)`` over every element. ``x`` matches ``ref`` when this is
+    at most 1 (exactly ``torch.allclose(x, ref, rtol, atol)``); 0.1 means a tenth of the
+    tolerance was used."""
+    return float(((x - ref).abs() / (atol + rtol * ref.abs())).max()) if ref.numel() else 0.0
+
+
+def within_tolerance(used: float) -> bool:
+    return used <= 1.0
 
 
 # --------------------------------------------------------------------------- prompt and tokenizer
@@ -376,26 +394,28 @@ def _worker_continue(args: argparse.Namespace, spec: ModelSpec, result: dict[str
                     best = timing
 
             # Loaded KV vs B's own recomputed KV of the same tokens.
-            kv_diff, kv_close = 0.0, True
+            kv_diff, kv_used = 0.0, 0.0
             for layer in range(spec.layers if got else 0):
                 for mine, theirs in zip(_cache_layer_kv(full_cache, layer), _cache_layer_kv(cache, layer)):
                     ref = mine[:, :, :hit_tokens, :]
                     cut = theirs[:, :, :hit_tokens, :]
                     kv_diff = max(kv_diff, float((cut - ref).abs().max()))
-                    kv_close = kv_close and bool(torch.allclose(cut, ref, rtol=args.rtol, atol=args.atol))
+                    kv_used = max(kv_used, tolerance_used(cut, ref, args.atol, args.rtol))
     finally:
         stack.close()
 
     assert best is not None
     diff = float((logits_hit - logits_full).abs().max())
-    close = bool(torch.allclose(logits_hit, logits_full, rtol=args.rtol, atol=args.atol))
+    logits_used = tolerance_used(logits_hit, logits_full, args.atol, args.rtol)
+    kv_close = within_tolerance(kv_used)
     a_hit, a_full = int(logits_hit.argmax()), int(logits_full.argmax())
-    match = close and a_hit == a_full and kv_close
+    match = within_tolerance(logits_used) and a_hit == a_full and kv_close
     speed = t_full / best["total"] if best["total"] > 0 else 0.0
     result.update(
         tokens=len(tokens), chunks=len(keys), chunks_hit=got, hit_tokens=hit_tokens, bytes=size,
         ttft_hit_s=best["total"], ttft_recompute_s=t_full, speedup=speed, timing=best,
         max_abs_diff=diff, kv_max_abs_diff=kv_diff, kv_match=kv_close,
+        atol=args.atol, rtol=args.rtol, logits_tolerance_used=logits_used, kv_tolerance_used=kv_used,
         argmax_hit=a_hit, argmax_recompute=a_full, logits_match=match,
     )
     _say("B", f"lookup: {got} of {len(keys)} chunks hit ({hit_tokens:,} of {len(tokens):,} prompt tokens)")
@@ -407,12 +427,14 @@ def _worker_continue(args: argparse.Namespace, spec: ModelSpec, result: dict[str
                   f"{len(tokens) - hit_tokens} tokens {best['prefill'] * 1000:.0f}")
         _say("B", f"TTFT recompute:{t_full * 1000:6.0f} ms = prefill of {len(tokens):,} tokens"
                   f"  -> {speed:.1f}x faster with the hit")
-        _say("B", f"KV loaded vs recomputed: max |diff| {kv_diff:.1e} -> {'equal' if kv_close else 'DIFFERENT'}")
+        _say("B", f"KV loaded vs recomputed: max |diff| {kv_diff:.1e} = {kv_used:.0%} of tolerance -> "
+                  f"{'equal' if kv_close else 'DIFFERENT'}")
     else:
         _say("B", f"TTFT after a miss: {best['total'] * 1000:.0f} ms = lookup {best['lookup'] * 1000:.0f} + "
                   f"prefill of {len(tokens):,} tokens; recompute alone {t_full * 1000:.0f} ms")
-    _say("B", f"next-token logits, hit vs recompute: max |diff| {diff:.1e}, argmax {token_repr(a_hit)}"
-              f"{' = ' if a_hit == a_full else ' vs '}{token_repr(a_full)} -> {'MATCH' if match else 'MISMATCH'}")
+    _say("B", f"logits, hit vs recompute: max |diff| {diff:.1e} = {logits_used:.0%} of tolerance, "
+              f"argmax {token_repr(a_hit)}{' = ' if a_hit == a_full else ' vs '}{token_repr(a_full)} -> "
+              f"{'MATCH' if match else 'MISMATCH'}")
     return 0 if match else 1
 
 
@@ -423,8 +445,8 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--url", required=True, help="valkey://host:port of the shared server")
     p.add_argument("--result", help="write the worker's numbers as JSON here")
     p.add_argument("--repeats", type=int, default=2, help="continue: best of N for both timings")
-    p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--rtol", type=float, default=1e-5)
+    p.add_argument("--atol", type=float, default=TOLERANCE)
+    p.add_argument("--rtol", type=float, default=TOLERANCE)
     _add_model_arguments(p)
     args = p.parse_args(list(argv))
     os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -559,8 +581,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="use this Valkey (valkey://host:port) instead of starting one")
     parser.add_argument("--repeats", type=int, default=2,
                         help="worker B reports the best of N runs of each path (default 2)")
-    parser.add_argument("--atol", type=float, default=1e-5,
-                        help="tolerance (absolute and relative) for logits and KV (default 1e-5)")
+    parser.add_argument("--atol", type=float, default=TOLERANCE,
+                        help=f"tolerance (absolute and relative, as torch.allclose) for logits and KV "
+                             f"(default {TOLERANCE:g})")
     parser.add_argument("--worker-timeout", type=float, default=300.0, help="seconds per worker (default 300)")
     parser.add_argument("--b-seed", type=int, default=None,
                         help="give worker B another model (weight seed): it must then get no hits")
