@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from ..config import Settings
 from ..errors import TransportError
-from . import protocol
+from . import protocol, requests
 from .manager import TierManager, new_worker_id
 
 log = logging.getLogger(__name__)
@@ -245,17 +245,25 @@ class TierClient:
     async def _send_hints(self) -> None:
         if not self._pending_hints():
             return
-        puts, hits, leases, releases = self._puts, self._hits, self._leases, self._releases
+        lists = [self._puts, self._hits, self._leases, self._releases]
         self._puts, self._hits, self._leases, self._releases = [], [], [], []
-        msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits,
-               "lease": [[k, ms] for k, ms in leases], "release": releases}
-        n = len(puts) + len(hits) + len(leases) + len(releases)
-        try:
-            await self._push(protocol.pack(msg), self.settings.op_timeout_s)
-            self.stats["hints_sent"] += n
-        except TransportError as e:
-            self.stats["hints_dropped"] += n
-            log.debug("tier client: hints dropped: %s", e)
+        while any(lists):
+            # at most MAX_KEYS hints per message: tierd refuses a longer one (requests.py)
+            room, part = requests.MAX_KEYS, []
+            for i, items in enumerate(lists):
+                part.append(items[:room])
+                lists[i] = items[room:]
+                room -= len(part[-1])
+            puts, hits, leases, releases = part
+            msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits,
+                   "lease": [[k, ms] for k, ms in leases], "release": releases}
+            n = len(puts) + len(hits) + len(leases) + len(releases)
+            try:
+                await self._push(protocol.pack(msg), self.settings.op_timeout_s)
+                self.stats["hints_sent"] += n
+            except TransportError as e:
+                self.stats["hints_dropped"] += n
+                log.debug("tier client: hints dropped: %s", e)
 
     async def _push(self, payload: bytes, timeout: float) -> None:
         """RPUSH a request; while tierd is down the list is kept to ``protocol.REQUEST_MAX``

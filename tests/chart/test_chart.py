@@ -448,7 +448,10 @@ def test_rendered_config_runs_standalone(pod_factory):
 
 
 def test_rendered_config_runs_with_acl(pod_factory):
-    acl = "user default off\nuser lmcv-ops on >ops-secret ~* &* +@all\nuser team-a on >a-secret ~lmcv:team-a:* -@all +@read +@write +@connection\n"
+    from lmcache_valkey import acl as lines
+
+    acl = "\n".join(["user default off", lines.operator_line("lmcv-ops", password="ops-secret"),
+                     lines.worker_line("team-a", "team-a", password="a-secret")]) + "\n"
     values = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}}
     env = {"REDISCLI_AUTH": "ops-secret"}  # from the Secret in a pod
     pod = pod_factory(values, env=env, files={"acl/users.acl": acl, "acl/ops-password": "ops-secret\n"})

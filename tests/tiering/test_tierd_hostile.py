@@ -313,3 +313,31 @@ def test_object_keys_and_nvme_files_refuse_unchecked_segments(moto_s3, nvme_dir)
             await nv.close()
 
     asyncio.run(main())
+
+
+def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
+    """A worker that queued more hints than one request may carry (a large batched put) splits
+    them: every message it pushes passes tierd's checks, and no hint is lost."""
+    from tierhelp import resp_client
+
+    from lmcache_valkey.tiering import TierClient
+    from lmcache_valkey.tiering.requests import MAX_KEYS, TenantScope, parse_request
+
+    async def main() -> None:
+        client = await resp_client(valkey_server)
+        tc = TierClient.remote(client, client.settings)
+        try:
+            keys = [NS.data_key(f"{i:032x}") for i in range(MAX_KEYS + 5000)]
+            for k in keys:  # no await yields here: all of them are pending at once
+                await tc.note_put(k, 1000)
+            await tc.lease(keys[:10], 5.0)
+            await tc.flush_hints()
+        finally:
+            await tc.close()
+            await client.close()
+
+    asyncio.run(main())
+    raws = valkey_server.cmd("LRANGE", T1_REQ, 0, -1)
+    reqs = [parse_request(r, TenantScope("lmcv", "t1")) for r in raws]  # raises on any refused message
+    assert len(reqs) >= 2 and sum(len(r.puts) for r in reqs) == MAX_KEYS + 5000
+    assert sum(len(r.leases) for r in reqs) == 10
