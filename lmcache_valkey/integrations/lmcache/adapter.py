@@ -20,7 +20,7 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorCont
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from ...config import PLUGIN_PREFIX, Settings
-from ...errors import ConfigError
+from ...errors import LmcacheValkeyError
 from ...session import parse_adapter_settings
 from ...tiering.settings import TieringSettings
 
@@ -61,12 +61,21 @@ class ValkeyConnectorAdapter(ConnectorAdapter):
         from .connector import ValkeyRemoteConnector  # torch-heavy; only when used
 
         name = context.plugin_name or context.url[len(PLUGIN_SCHEME) :]
-        config = context.config
+        # LMCache's signature makes config and metadata optional; its built-in connectors then
+        # take both from the local CPU backend, and so do we.
+        backend = context.local_cpu_backend
+        config = context.config if context.config is not None else getattr(backend, "config", None)
+        metadata = context.metadata if context.metadata is not None else getattr(backend, "metadata", None)
         try:
-            if config is None or context.metadata is None:
-                raise ConfigError("config", "an LMCache engine config and metadata")
+            missing = [what for what, value in (("engine config", config), ("engine metadata", metadata))
+                       if value is None]
+            if missing:
+                raise LmcacheValkeyError(
+                    f"LMCache passed no {' and no '.join(missing)} (neither as arguments nor on its "
+                    f"local CPU backend {type(backend).__name__}): the plugin runs where LMCache stores "
+                    "KV chunks, in a worker, not in a scheduler")
             settings, tiering = parse_plugin_settings(config.extra_config, name)
-            return ValkeyRemoteConnector(config, context.metadata, context.local_cpu_backend, settings, tiering)
+            return ValkeyRemoteConnector(config, metadata, backend, settings, tiering)
         except Exception as e:
             log.error("lmcache-valkey plugin %r could not start, every lookup will miss: %s", name, e)
             raise

@@ -63,6 +63,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         self._session = StoreSession(settings, self.namespace, tiering, arena=self._arena())
         self._io = self._session.io
         self.store: ChunkStore = self._session.store
+        self._closed = False
         log.info(
             "lmcache-valkey connected to %s (tenant %s, namespace %s, transport %s)",
             settings.url_for_humans,
@@ -221,13 +222,20 @@ class ValkeyRemoteConnector(RemoteConnector):
         return 0 if await self._io.run(self.store.ping()) else 1
 
     async def close(self) -> None:
+        """Idempotent: LMCache (and its own test fixtures) may close a backend twice."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             await self._io.run(self.store.close())
         finally:
             self._io.stop()
 
     def close_sync(self) -> None:
-        """For callers without a loop (tests, the demo)."""
+        """For callers without a loop (tests, the demo); idempotent like :meth:`close`."""
+        if self._closed:
+            return
+        self._closed = True
         self._session.close(timeout=5.0)
 
     def __repr__(self) -> str:
