@@ -65,3 +65,36 @@ def test_tenants_do_not_see_each_others_blocks(valkey_server, engines) -> None:
     engines(valkey_server.url, tier_settings={"tenant": "team-a"}).offload(keys("p", 2))
     assert engines(valkey_server.url, tier_settings={"tenant": "team-b"}).fetch(keys("p", 2)) == []
     assert len(engines(valkey_server.url, tier_settings={"tenant": "team-a"}).fetch(keys("p", 2))) == 2
+
+
+def test_the_tiers_series_reach_vllms_prometheus_exporter(valkey_server, engines) -> None:
+    """vLLM's frontend (OffloadPromMetrics, built from the same kv_connector_extra_config)
+    declares our series and records what the manager's get_stats() hands it."""
+    import functools
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
+
+    writer = engines(valkey_server.url)
+    reader = engines(valkey_server.url)
+    ks = keys("observed", 3)
+    writer.offload(ks)
+    assert len(reader.fetch(ks)) == 3
+
+    registry = CollectorRegistry()
+    types = {cls: functools.partial(cls, registry=registry) for cls in (Counter, Gauge, Histogram)}
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(
+        kv_connector_extra_config={"spec_name": "TieringOffloadingSpec", **reader.spec.config.extra_config}))
+    prom = OffloadPromMetrics(config, types, ["engine"], {0: ["0"]})
+    with reader.manager.lock:
+        stats = reader.manager.get_stats()
+    stats.set_info(reader.manager.config_info())
+    prom.observe(stats.data, 0)
+
+    text = generate_latest(registry).decode()
+    tier = reader.tier.tier_type
+    assert f'vllm:kv_offload_valkey_blocks_total{{engine="0",op="load",outcome="ok",tier_type="{tier}"}} 3.0' in text
+    assert "vllm:kv_offload_valkey_lookup_batch_seconds_count" in text
+    assert 'valkey_tenant="default"' in text and 'valkey_transport="resp"' in text
