@@ -98,3 +98,11 @@ def test_the_tiers_series_reach_vllms_prometheus_exporter(valkey_server, engines
     assert f'vllm:kv_offload_valkey_blocks_total{{engine="0",op="load",outcome="ok",tier_type="{tier}"}} 3.0' in text
     assert "vllm:kv_offload_valkey_lookup_batch_seconds_count" in text
     assert 'valkey_tenant="default"' in text and 'valkey_transport="resp"' in text
+
+
+def test_blocks_are_shared_through_a_valkey_cluster(valkey_cluster, engines) -> None:
+    writer = engines(valkey_cluster.url)
+    reader = engines(valkey_cluster.url)
+    ks = keys("spread over shards", 8)
+    writer.offload(ks)
+    assert reader.fetch(ks) == [block_bytes(k, writer.block_size) for k in ks]
