@@ -8,6 +8,8 @@ that imports that library. A cache *miss* is never an exception: APIs return
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 class LmcacheValkeyError(Exception):
     """Base class of every error this package raises."""
@@ -85,16 +87,52 @@ class CorruptChunk(LmcacheValkeyError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
-# Error-reply prefixes mapped to classes, in the style of valkey-py's parser table.
-SERVER_ERROR_PREFIXES: dict[str, type[ServerError]] = {
+# Valkey Cluster's fixed number of hash slots (a MOVED/ASK names one of them).
+CLUSTER_SLOTS = 16384
+_HOST_MAX = 255
+
+
+class Redirect(ServerError):
+    """``MOVED <slot> <host>:<port>`` or ``ASK ...``: the slot is served elsewhere.
+
+    Parsed once, when the reply is read (:meth:`parse`); a malformed one is a
+    :class:`ProtocolError` instead, so nothing downstream indexes a slot table
+    with a number a server made up. An empty host means the node that answered.
+    """
+
+    def __init__(self, message: str, kind: str, slot: int, host: str, port: int) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.slot = slot
+        self.host = host
+        self.port = port
+
+    @classmethod
+    def parse(cls, message: str) -> "Redirect | ProtocolError":
+        parts = message.split(" ")
+        if len(parts) >= 3 and parts[1].isdigit() and len(parts[1]) <= 5:
+            slot = int(parts[1])
+            host, sep, port = parts[2].rpartition(":")
+            if (sep and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536 and slot < CLUSTER_SLOTS
+                    and len(host) <= _HOST_MAX and host.isascii() and host.isprintable()):
+                return cls(message, parts[0], slot, host, int(port))
+        return ProtocolError(f"malformed redirection {message[:80]!r}")
+
+
+# Error-reply prefixes mapped to their typed error, in the style of valkey-py's parser
+# table: the one place a server's error text becomes a class.
+SERVER_ERROR_PREFIXES: dict[str, Callable[[str], TransportError]] = {
     "NOAUTH": AuthError,
     "WRONGPASS": AuthError,
     "NOPERM": AuthError,
     "OOM": OutOfMemory,
+    "MOVED": Redirect.parse,
+    "ASK": Redirect.parse,
 }
 
 
-def server_error(message: str) -> ServerError:
-    """Build the typed exception for an error reply's message."""
+def server_error(message: str) -> TransportError:
+    """The typed error for an error reply's message: a :class:`ServerError` (subclass), or a
+    :class:`ProtocolError` when a structured error (MOVED, ASK) is malformed."""
     prefix = message.split(" ", 1)[0]
     return SERVER_ERROR_PREFIXES.get(prefix, ServerError)(message)

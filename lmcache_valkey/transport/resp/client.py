@@ -17,19 +17,20 @@ import time
 from typing import Any, AsyncIterator, Sequence
 
 from ...timeouts import timeout as deadline
-from ...codec import PayloadSink
+from ...codec import HEADER_SIZE, PayloadSink
 from ...config import Node, Settings
 from ...errors import (
     AuthError,
     ConnectionLost,
     DeadlineExceeded,
     ProtocolError,
+    Redirect,
     ServerError,
     TransportError,
 )
 from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
 from .connection import SMALL_JOIN, make_ssl_context
-from .parser import as_byte_view, encode_command
+from .parser import SimpleString, as_byte_view, describe, encode_command
 from .pool import PENDING, NodePool, Op, run_ops
 
 __all__ = ["RespClient"]
@@ -39,6 +40,12 @@ log = logging.getLogger(__name__)
 MAX_REDIRECTS = 5
 TRYAGAIN_SLEEP_S = 0.02
 SLOT_CACHE_MAX = 200_000
+# Most nodes a client keeps a pool for; a redirection to yet another one is refused
+# (a real cluster has at most ~1000 nodes; a lying one could name a new port per reply).
+MAX_NODES = 1024
+# Bound of a control command's reply (INFO, CLUSTER SLOTS, SCAN, the tiering manager's
+# GET of a whole chunk): one chunk and its header, plus room for the rest.
+CONTROL_SLACK = 1 << 20
 
 
 def _set_op(index: int, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> Op:
@@ -80,18 +87,18 @@ def _sink(bufs: Any) -> list[memoryview]:
 REFRESH_MIN_INTERVAL_S = 1.0
 
 
-async def _detect_cluster(conn: Any, node: Node) -> bool:
+async def _detect_cluster(conn: Any, node: Node, bound: int) -> bool:
     """``INFO cluster``; where the ACL refuses INFO (the recommended worker line does,
     docs/security.md), ``CLUSTER SLOTS``: a cluster's workers are granted it, a standalone
     server answers it with an error, and a standalone worker's line does not grant it."""
     try:
-        return cluster_enabled(await conn.call("INFO", "cluster"))
+        return cluster_enabled(await conn.call("INFO", "cluster", bound=bound))
     except ServerError as e:
         if isinstance(e, AuthError) and e.prefix != "NOPERM":
             raise
         first = e
     try:
-        await conn.call("CLUSTER", "SLOTS")
+        await conn.call("CLUSTER", "SLOTS", bound=bound)
         return True
     except ServerError as e:
         if isinstance(e, AuthError) and e.prefix != "NOPERM":
@@ -111,6 +118,7 @@ class RespClient:
         self._primary: Node = settings.nodes[0]
         self._refresh_task: asyncio.Task[None] | None = None
         self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
+        self._control_bound = settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK
         self._started = False
         self._closed = False
 
@@ -148,9 +156,9 @@ class RespClient:
                     if s.cluster == "yes":
                         self._cluster = True
                     elif s.cluster == "auto" and not node.path:
-                        self._cluster = await _detect_cluster(conn, node)
+                        self._cluster = await _detect_cluster(conn, node, self._control_bound)
                     if self._cluster:
-                        reply = await conn.call("CLUSTER", "SLOTS")
+                        reply = await conn.call("CLUSTER", "SLOTS", bound=self._control_bound)
                         self._map.load(parse_cluster_slots(reply, node.host))
                         if not self._map.primaries:
                             raise ServerError(f"cluster at {node.name} has no slots assigned")
@@ -214,7 +222,7 @@ class RespClient:
             try:
                 reply = await self._node_call(node, ("CLUSTER", "SLOTS"), self.settings.op_timeout_s)
                 ranges = parse_cluster_slots(reply, node.host)
-            except (ValueError, TypeError, IndexError) as e:  # a malformed reply is that node's problem
+            except ProtocolError as e:  # a malformed reply is that node's problem
                 log.warning("topology refresh via %s: unreadable CLUSTER SLOTS reply: %s", node.name, e)
                 continue
             except TransportError as e:
@@ -270,6 +278,10 @@ class RespClient:
                             kind, slot, node = red
                             if not node.host and op.node is not None:  # "MOVED 12 :6380": same host
                                 node = Node(op.node.host, node.port)
+                            if node not in self._pools and len(self._pools) >= MAX_NODES:
+                                results[op.index] = ProtocolError(
+                                    f"redirected to {node.name}, past {MAX_NODES} known nodes")
+                                continue
                             op.node, op.asking = node, kind == "ASK"
                             if kind == "MOVED":
                                 self._map.set(slot, node)
@@ -297,7 +309,7 @@ class RespClient:
         return results
 
     async def _node_call(self, node: Node, args: Sequence[Any], timeout: float) -> Any:
-        op = Op(0, (encode_command(args),), None)
+        op = Op(0, (encode_command(args),), None, bound=self._control_bound)
         op.node = node
         (r,) = await self._run([op], large=False, timeout=timeout)
         if isinstance(r, BaseException):
@@ -317,10 +329,11 @@ class RespClient:
 
     @staticmethod
     def _get_result(r: Any, raise_: bool = False) -> Any:
-        if r is None or type(r) is int:
+        # With a sink the parser only lets a bulk (its length), nil or an error through.
+        if r is None or (type(r) is int and r >= 0):
             return r
         if not isinstance(r, BaseException):
-            r = ProtocolError(f"unexpected GET reply {r!r}")
+            r = ProtocolError(f"unexpected GET reply: {describe(r)}")
         if raise_:
             raise r
         return r
@@ -345,9 +358,9 @@ class RespClient:
     def _set_result(r: Any) -> TransportError | None:
         if isinstance(r, TransportError):
             return r
-        if r == b"OK":
+        if type(r) is SimpleString and r == b"OK":  # a status, not a bulk "OK"
             return None
-        return ProtocolError(f"unexpected SET reply {r!r}")
+        return ProtocolError(f"unexpected SET reply: {describe(r)}")
 
     async def set(
         self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
@@ -393,7 +406,7 @@ class RespClient:
             if isinstance(values, BaseException):
                 raise values
             for i, v in zip(idxs, values):
-                if isinstance(v, ServerError) and (parse_redirect(v) or v.prefix == "TRYAGAIN"):
+                if isinstance(v, Redirect) or (isinstance(v, ServerError) and v.prefix == "TRYAGAIN"):
                     redirected.append(i)
                 out[i] = v
         if redirected:  # slots moved under us: per key, following redirections
@@ -403,7 +416,9 @@ class RespClient:
         for v in out:
             if isinstance(v, BaseException):
                 raise v
-        return [bool(v) for v in out]
+            if type(v) is not int or not 0 <= v <= 1:  # EXISTS of one key: 0 or 1, nothing else
+                raise ProtocolError(f"unexpected EXISTS reply: {describe(v)}")
+        return [v == 1 for v in out]
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""
@@ -418,17 +433,20 @@ class RespClient:
             groups = [list(keys)]
         ops = [Op(i, (encode_command((b"UNLINK", *g)),), None, g[0]) for i, g in enumerate(groups)]
         total = 0
-        for r in await self._run(ops, large=False, timeout=timeout):
+        for g, r in zip(groups, await self._run(ops, large=False, timeout=timeout)):
             if isinstance(r, BaseException):
                 raise r
-            total += int(r)
+            if type(r) is not int or not 0 <= r <= len(g):
+                raise ProtocolError(f"unexpected UNLINK reply: {describe(r)}")
+            total += r
         return total
 
     # --- control --------------------------------------------------------------------
 
     async def command(self, *args: bytes | str | int | float, key: bytes | None = None, timeout: float) -> Any:
         """Run one control command on the node that owns ``key`` (any node if None)."""
-        (r,) = await self._run([Op(0, (encode_command(args),), None, key)], large=False, timeout=timeout)
+        op = Op(0, (encode_command(args),), None, key, bound=self._control_bound)
+        (r,) = await self._run([op], large=False, timeout=timeout)
         if isinstance(r, BaseException):
             raise r
         return r
@@ -441,7 +459,7 @@ class RespClient:
         data = encode_command(args)
         ops = []
         for i, node in enumerate(self.primaries()):
-            op = Op(i, (data,), None)
+            op = Op(i, (data,), None, bound=self._control_bound)
             op.node = node
             ops.append(op)
         results = await self._run(ops, large=False, timeout=timeout)
@@ -457,6 +475,10 @@ class RespClient:
             cursor = b"0"
             while True:
                 reply = await self._node_call(node, (b"SCAN", cursor, b"MATCH", match, b"COUNT", count), timeout)
+                if (not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not bytes
+                        or not reply[0].isdigit() or not isinstance(reply[1], list)
+                        or not all(type(k) is bytes for k in reply[1])):
+                    raise ProtocolError(f"unexpected SCAN reply: {describe(reply)}")
                 cursor, keys = reply[0], reply[1]
                 for k in keys:
                     yield k

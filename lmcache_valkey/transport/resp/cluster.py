@@ -10,10 +10,11 @@ CRC, in C.
 from __future__ import annotations
 
 import binascii
-from typing import Any, Sequence
+from typing import Any
 
 from ...config import Node
-from ...errors import ProtocolError, ServerError
+from ...errors import CLUSTER_SLOTS, ProtocolError, Redirect
+from .parser import describe
 
 __all__ = [
     "SLOTS",
@@ -25,7 +26,7 @@ __all__ = [
     "SlotMap",
 ]
 
-SLOTS = 16384
+SLOTS = CLUSTER_SLOTS
 
 
 def hash_tag(key: bytes) -> bytes:
@@ -42,46 +43,56 @@ def key_slot(key: bytes) -> int:
     return binascii.crc_hqx(hash_tag(key), 0) & (SLOTS - 1)
 
 
-def cluster_enabled(info: bytes | str) -> bool:
+def cluster_enabled(info: Any) -> bool:
     """True if an ``INFO cluster`` reply says ``cluster_enabled:1``."""
-    text = info.decode() if isinstance(info, (bytes, bytearray)) else info
-    for line in text.splitlines():
+    if not isinstance(info, (bytes, bytearray)):
+        raise ProtocolError(f"unexpected INFO reply: {describe(info)}")
+    for line in info.decode("utf-8", "replace").splitlines():
         if line.startswith("cluster_enabled:"):
             return line.split(":", 1)[1].strip() == "1"
     return False
 
 
-def _node_of(entry: Sequence[Any], default_host: str) -> Node:
-    host = entry[0]
-    if isinstance(host, (bytes, bytearray)):
-        host = host.decode()
-    if not host or host == "?":  # the node we asked does not know its own address
-        host = default_host
-    return Node(host, int(entry[1]))
+def _node_of(entry: Any, default_host: str) -> Node:
+    """One ``[host, port, ...]`` entry of CLUSTER SLOTS; anything else is a ProtocolError."""
+    if not isinstance(entry, list) or len(entry) < 2:
+        raise ProtocolError(f"unexpected CLUSTER SLOTS node: {describe(entry)}")
+    host, port = entry[0], entry[1]
+    if not isinstance(host, bytes) or len(host) > 255 or type(port) is not int or not 0 < port < 65536:
+        raise ProtocolError(f"unexpected CLUSTER SLOTS node address: {describe(host)} {describe(port)}")
+    name = host.decode("ascii", "replace")
+    if not name.isprintable() or " " in name:
+        raise ProtocolError(f"unexpected CLUSTER SLOTS host: {describe(host)}")
+    if not name or name == "?":  # the node we asked does not know its own address
+        name = default_host
+    return Node(name, port)
 
 
 def parse_cluster_slots(reply: Any, default_host: str) -> list[tuple[int, int, Node, list[Node]]]:
-    """``CLUSTER SLOTS`` → [(first slot, last slot, primary, replicas)]."""
+    """``CLUSTER SLOTS`` → [(first slot, last slot, primary, replicas)].
+
+    Every field is checked (slot numbers inside 0..16383, first <= last, host and port
+    well formed): a reply that is not exactly that shape is a ProtocolError, never a slot
+    table sized by a number a server made up.
+    """
     if not isinstance(reply, list):
-        raise ProtocolError(f"unexpected CLUSTER SLOTS reply: {reply!r}")
+        raise ProtocolError(f"unexpected CLUSTER SLOTS reply: {describe(reply)}")
     out = []
     for r in reply:
-        if isinstance(r, BaseException) or len(r) < 3:
-            raise ProtocolError(f"unexpected CLUSTER SLOTS entry: {r!r}")
-        out.append((int(r[0]), int(r[1]), _node_of(r[2], default_host), [_node_of(x, default_host) for x in r[3:]]))
+        if not isinstance(r, list) or len(r) < 3:
+            raise ProtocolError(f"unexpected CLUSTER SLOTS entry: {describe(r)}")
+        first, last = r[0], r[1]
+        if type(first) is not int or type(last) is not int or not 0 <= first <= last < SLOTS:
+            raise ProtocolError(f"CLUSTER SLOTS range {describe(first)}..{describe(last)} is not within 0..{SLOTS - 1}")
+        out.append((first, last, _node_of(r[2], default_host), [_node_of(x, default_host) for x in r[3:]]))
     return out
 
 
 def parse_redirect(err: BaseException) -> tuple[str, int, Node] | None:
-    """``MOVED 3999 127.0.0.1:6381`` / ``ASK ...`` → (kind, slot, node), else None."""
-    if not isinstance(err, ServerError) or err.prefix not in ("MOVED", "ASK"):
+    """A MOVED/ASK error (already parsed and checked when read) → (kind, slot, node), else None."""
+    if not isinstance(err, Redirect):
         return None
-    try:
-        kind, slot, addr = err.message.split(" ")[:3]
-        host, _, port = addr.rpartition(":")
-        return kind, int(slot), Node(host, int(port))
-    except ValueError:
-        return None
+    return err.kind, err.slot, Node(err.host, err.port)
 
 
 class SlotMap:

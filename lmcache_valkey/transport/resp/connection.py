@@ -46,10 +46,11 @@ from ...errors import (
     AuthError,
     ConnectionLost,
     DeadlineExceeded,
+    ProtocolError,
     ServerError,
     TransportError,
 )
-from .parser import ReplyParser, encode_command
+from .parser import SMALL_REPLY_MAX, ReplyParser, encode_command
 
 __all__ = ["Connection", "open_connection", "make_ssl_context"]
 
@@ -199,19 +200,22 @@ class Connection(asyncio.BufferedProtocol):
     def busy(self) -> bool:
         return bool(self._cbs)
 
-    def send(self, parts: Sequence[Any], sink: Sequence[memoryview] | None, cb: Callback) -> bool:
+    def send(self, parts: Sequence[Any], sink: Sequence[memoryview] | None, cb: Callback,
+             bound: int = SMALL_REPLY_MAX) -> bool:
         """Queue one command (already encoded as ``parts``) and its reply callback.
 
         ``cb(value)`` runs synchronously when the reply is parsed; ``value`` is
-        an exception object for an error reply or a lost connection. Returns
-        False (and does not call ``cb``) when the connection is already broken.
+        an exception object for an error reply or a lost connection. ``bound``:
+        the most bytes the reply may hold outside ``sink`` (what the command can
+        legitimately return; more is a ProtocolError). Returns False (and does
+        not call ``cb``) when the connection is already broken.
         """
         if self.broken:
             return False
         if not self._cbs:
             self.round_trips += 1
         self.requests += 1
-        self.parser.push_sink(sink)
+        self.parser.push_sink(sink, bound)
         self._cbs.append(cb)
         if parts:
             self._out.extend(parts)
@@ -219,18 +223,19 @@ class Connection(asyncio.BufferedProtocol):
                 self._pump()
         return True
 
-    def send_pipeline(self, data: bytes, n: int, cb: Callback) -> bool:
+    def send_pipeline(self, data: bytes, n: int, cb: Callback, bound: int = SMALL_REPLY_MAX) -> bool:
         """Queue ``n`` small commands already encoded back to back in ``data``.
 
         ``cb(values)`` runs once with the list of the ``n`` replies (error
-        replies and, if the connection breaks, ConnectionLost as elements).
+        replies and, if the connection breaks, ConnectionLost as elements);
+        each reply is held to ``bound`` bytes.
         """
         if self.broken:
             return False
         if not self._cbs:
             self.round_trips += 1
         self.requests += n
-        self.parser.push_no_sinks(n)
+        self.parser.push_no_sinks(n, bound)
         self._cbs.append(_Gather(n, cb))
         if data:
             self._out.append(data)
@@ -245,7 +250,8 @@ class Connection(asyncio.BufferedProtocol):
             if not self._paused:
                 self._pump()
 
-    def request(self, args: Sequence[Any], sink: Sequence[memoryview] | None = None) -> asyncio.Future[Any]:
+    def request(self, args: Sequence[Any], sink: Sequence[memoryview] | None = None,
+                bound: int = SMALL_REPLY_MAX) -> asyncio.Future[Any]:
         """Send a small command; the future resolves to its reply (errors as exceptions)."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
@@ -257,13 +263,13 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 fut.set_result(v)
 
-        if not self.send((encode_command(args),), sink, done):
+        if not self.send((encode_command(args),), sink, done, bound):
             fut.set_exception(ConnectionLost(f"connection to {self.node.name} is closed"))
         return fut
 
-    async def call(self, *args: Any, sink: Sequence[memoryview] | None = None) -> Any:
+    async def call(self, *args: Any, sink: Sequence[memoryview] | None = None, bound: int = SMALL_REPLY_MAX) -> Any:
         """Send one command and wait for its reply; aborts the connection if interrupted."""
-        fut = self.request(args, sink)
+        fut = self.request(args, sink, bound)
         try:
             return await fut
         except BaseException:
@@ -334,17 +340,18 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_reply(self, value: Any) -> None:
         cbs = self._cbs
-        if cbs:
-            cb = cbs[0]
-            if type(cb) is _Gather:
-                values = cb.values
-                values.append(value)
-                if len(values) == cb.n:
-                    cbs.popleft()  # before the callback, which may queue more
-                    cb.cb(values)
-            else:
-                cbs.popleft()
-                cb(value)
+        if not cbs:  # a reply nobody asked for: the stream is out of step with our requests
+            raise ProtocolError(f"{self.node.name} sent a reply with no request pending")
+        cb = cbs[0]
+        if type(cb) is _Gather:
+            values = cb.values
+            values.append(value)
+            if len(values) == cb.n:
+                cbs.popleft()  # before the callback, which may queue more
+                cb.cb(values)
+        else:
+            cbs.popleft()
+            cb(value)
 
     def _fail_all(self, exc: BaseException) -> None:
         self.broken = True

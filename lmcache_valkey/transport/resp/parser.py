@@ -18,8 +18,19 @@ sink a bulk is ``bytes``.
 Error replies become typed exception *objects* (via
 :func:`lmcache_valkey.errors.server_error`) delivered as values, never raised:
 inside an array (EXEC, pipelines) one bad element must not hide the others.
-Malformed input raises :class:`~lmcache_valkey.errors.ProtocolError`; the
-connection must then be dropped.
+A status reply (``+OK``) is a :class:`SimpleString`, so it is never confused
+with a bulk string holding the same bytes.
+
+The server is not trusted (docs/resp-reply-bounds.md). Each expected reply
+carries a *bound*: the most bytes it may hold outside its sink (integers,
+statuses, errors, sink-less bulks, array elements at ``ITEM_COST`` each). A
+reply that declares more, nests deeper than ``MAX_DEPTH``, sends a line longer
+than ``MAX_LINE``, a length other than -1 below zero, a number that is not
+plain decimal, or anything but a bulk string, nil or an error where a sink is
+waiting, raises :class:`~lmcache_valkey.errors.ProtocolError` at once; the
+connection must then be dropped. A sink-less bulk is received into pieces that
+grow as its bytes arrive (the first ``PIECE`` bytes, then doubling), so a
+declared length never allocates memory the server has not sent.
 
 This module imports nothing from asyncio or the rest of the transport.
 """
@@ -33,13 +44,37 @@ from typing import Any, Callable, Sequence
 from ...codec import crc32c
 from ...errors import ProtocolError, server_error
 
-__all__ = ["ReplyParser", "encode_command", "encode_args", "as_byte_view", "Sink"]
+__all__ = [
+    "ReplyParser",
+    "SimpleString",
+    "encode_command",
+    "encode_args",
+    "as_byte_view",
+    "describe",
+    "Sink",
+    "SMALL_REPLY_MAX",
+]
 
 Sink = Sequence[memoryview]
 
+# Bound of a reply that can only be an integer, a status, nil or an error outside its
+# sink (EXISTS, SET, UNLINK, and GET's non-payload part): room for any error message.
+SMALL_REPLY_MAX = 4 << 10
+# Budget charged per value on top of its bytes (an object and a list slot): a bound
+# also caps how many elements an array may declare.
+ITEM_COST = 16
+# Deepest array nesting accepted. The deepest reply a client here asks for (COMMAND
+# INFO's key specs) nests 6 levels; hiredis stops at 9.
+MAX_DEPTH = 16
+# Longest line (status, error, integer, length header) accepted.
+MAX_LINE = 64 << 10
+# First piece of a sink-less bulk that is not all here yet; later pieces double.
+PIECE = 64 << 10
+# Longest decimal number accepted (lengths, integers): 18 digits fit in 63 bits.
+_MAX_DIGITS = 18
+
 _SCRATCH = 64 * 1024
 _MIN_FREE = 4096
-_MAX_LINE = 1 << 20
 _CRLF = b"\r\n"
 
 # parser modes
@@ -47,6 +82,43 @@ _LINES = 0  # receiving into the scratch buffer, parsing lines
 _FILL = 1  # receiving straight into the current sink buffer
 
 _EMPTY: list[memoryview] = []
+
+
+class SimpleString(bytes):
+    """A status reply (``+OK``), as opposed to a bulk string with the same bytes."""
+
+    __slots__ = ()
+
+
+_OK = SimpleString(b"OK")
+
+
+def describe(value: Any, limit: int = 48) -> str:
+    """A short, bounded description of a reply value for error messages (never a full repr:
+    a hostile reply may be huge or nested thousands deep)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        b = bytes(value[:limit])
+        return f"{type(value).__name__} {b!r}{'...' if len(value) > limit else ''}"
+    if isinstance(value, list):
+        return f"array of {len(value)}"
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {str(value)[:limit]}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    return type(value).__name__
+
+
+def _show(line: bytes | bytearray) -> str:
+    return repr(bytes(line[:32])) + ("..." if len(line) > 32 else "")
+
+
+def _number(line: bytes | bytearray, what: str) -> int:
+    """A RESP number: plain decimal, an optional leading ``-``, at most 18 digits.
+    (``int()`` alone would also take ``+5``, `` 5``, ``5_0`` and 4300-digit numbers.)"""
+    digits = line[1:] if line[:1] == b"-" else line
+    if not digits.isdigit() or len(digits) > _MAX_DIGITS:
+        raise ProtocolError(f"bad {what} {_show(line)}")
+    return int(line)
 
 
 def as_byte_view(buf: Any, *, writable: bool = False) -> memoryview:
@@ -90,18 +162,22 @@ def encode_command(args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
+_NO_REQUEST = (None, SMALL_REPLY_MAX)
+
+
 class ReplyParser:
     """Incremental RESP2 reply parser with scatter sinks for bulk replies.
 
     ``on_reply(value)`` is called synchronously for each complete top-level
     reply, in order. :meth:`push_sink` must be called once per expected reply
-    (``None`` for no sink), in the order the commands were sent.
+    (``None`` for no sink), in the order the commands were sent, with the
+    bound of that reply.
     """
 
     __slots__ = (
         "_on_reply", "_buf", "_mv", "_start", "_end", "_mode", "_sinks", "_sink",
-        "_tgt", "_ti", "_cur", "_off", "_left", "_drop", "_total", "_bulk_obj",
-        "_await_crlf", "_stack", "_dead", "_crc_from",
+        "_tgt", "_ti", "_cur", "_off", "_left", "_drop", "_total", "_pieces",
+        "_await_crlf", "_stack", "_dead", "_crc_from", "_budget", "_bound",
     )
 
     def __init__(self, on_reply: Callable[[Any], None]) -> None:
@@ -111,8 +187,10 @@ class ReplyParser:
         self._start = 0  # first unparsed byte in scratch
         self._end = 0  # end of received bytes in scratch
         self._mode = _LINES
-        self._sinks: deque[Sink | None] = deque()
+        self._sinks: deque[tuple[Sink | None, int]] = deque()  # (sink, bound) per expected reply
         self._sink: Sink | None = None  # sink of the reply being parsed
+        self._budget = 0  # bytes the reply being parsed may still hold outside its sink
+        self._bound = 0  # its whole bound (for error messages)
         self._tgt: Sequence[memoryview] = _EMPTY  # buffers of the bulk being filled
         self._ti = 0  # index of the current buffer in _tgt
         self._cur: memoryview | None = None  # current buffer
@@ -120,7 +198,7 @@ class ReplyParser:
         self._left = 0  # payload bytes still to go into buffers
         self._drop = 0  # payload bytes to drain and drop after the buffers are full
         self._total = 0  # declared bulk length
-        self._bulk_obj: bytearray | None = None  # sink-less bulk being assembled
+        self._pieces: list[bytearray] | None = None  # sink-less bulk being received, piece by piece
         self._await_crlf = False  # a bulk payload is done; its CRLF is next
         self._stack: list[list[Any]] = []  # [remaining, items] per open array
         self._dead = False
@@ -129,12 +207,13 @@ class ReplyParser:
 
     # --- sinks -------------------------------------------------------------
 
-    def push_sink(self, sink: Sink | None) -> None:
-        self._sinks.append(sink)
+    def push_sink(self, sink: Sink | None, bound: int = SMALL_REPLY_MAX) -> None:
+        """Expect one more reply: its bulk goes into ``sink``; outside it, at most ``bound`` bytes."""
+        self._sinks.append((sink, bound))
 
-    def push_no_sinks(self, n: int) -> None:
-        """Expect ``n`` more replies without sinks."""
-        self._sinks.extend(repeat(None, n))
+    def push_no_sinks(self, n: int, bound: int = SMALL_REPLY_MAX) -> None:
+        """Expect ``n`` more replies without sinks, each within ``bound`` bytes."""
+        self._sinks.extend(repeat((None, bound), n))
 
     @property
     def idle(self) -> bool:
@@ -155,7 +234,7 @@ class ReplyParser:
         self._mode = _LINES
         self._start = self._end = 0
         self._stack.clear()
-        self._bulk_obj = None
+        self._pieces = None
 
     # --- BufferedProtocol-shaped entry points ---------------------------------
 
@@ -175,7 +254,7 @@ class ReplyParser:
                 n = end - start
                 self._buf[0:n] = self._buf[start:end]
                 self._start, self._end, end = 0, n, n
-            if len(self._buf) - end < _MIN_FREE:  # grow (a long line)
+            if len(self._buf) - end < _MIN_FREE:  # grow (a long line, at most MAX_LINE)
                 new = bytearray(2 * len(self._buf))
                 new[:end] = self._mv[:end]
                 self._buf, self._mv = new, memoryview(new)
@@ -221,16 +300,26 @@ class ReplyParser:
 
     # --- internals -----------------------------------------------------------
 
+    def _next_target(self, ti: int) -> int:
+        """Index of the first non-empty buffer of the bulk at or after ``ti``; past the last
+        one, a sink-less bulk with bytes still due gets a new piece (double the bytes so far)."""
+        tgt = self._tgt
+        while ti < len(tgt) and len(tgt[ti]) == 0:
+            ti += 1
+        pieces = self._pieces
+        if ti == len(tgt) and pieces is not None and self._left:
+            piece = bytearray(min(self._left, max(PIECE, self._total - self._left)))
+            pieces.append(piece)
+            tgt.append(memoryview(piece))  # type: ignore[attr-defined]  # our own list
+        return ti
+
     def _advance_target(self) -> None:
         """The current buffer is full or the payload ended: move on."""
         if self._left > 0:
-            tgt = self._tgt
-            ti = self._ti + 1
-            while ti < len(tgt) and len(tgt[ti]) == 0:
-                ti += 1
-            if ti < len(tgt):
+            ti = self._next_target(self._ti + 1)
+            if ti < len(self._tgt):
                 self._ti = ti
-                self._cur = tgt[ti]
+                self._cur = self._tgt[ti]
                 self._off = 0
                 return
             self._drop += self._left  # sink is full: drain the rest
@@ -240,10 +329,16 @@ class ReplyParser:
         self._tgt = _EMPTY
         self._await_crlf = True
 
+    def _charge(self, nbytes: int, what: str) -> None:
+        self._budget -= nbytes + ITEM_COST
+        if self._budget < 0:
+            raise ProtocolError(f"{what} exceeds the {self._bound}-byte bound of this reply")
+
     def _start_bulk(self, length: int, sink: Sink | None) -> None:
         """Header ``$length`` parsed; route the payload."""
         self._total = length
         if sink is None:
+            self._charge(length, f"a bulk string of {length} bytes")
             avail = self._end - self._start
             if avail >= length + 2:  # fast path: small bulk already here
                 s = self._start
@@ -252,8 +347,10 @@ class ReplyParser:
                 self._start = s + length + 2
                 self._value(bytes(self._buf[s:s + length]))
                 return
-            self._bulk_obj = bytearray(length)
-            sink = (memoryview(self._bulk_obj),)
+            # Received piece by piece as bytes arrive: the declared length alone allocates nothing.
+            first = bytearray(min(length, max(avail, PIECE)))
+            self._pieces = [first]
+            sink = [memoryview(first)]
         self._tgt = sink
         self._ti = 0
         self._left = length
@@ -262,9 +359,7 @@ class ReplyParser:
         if self._crc_from is not None:
             sink.crc = 0  # type: ignore[attr-defined]  # (a retried op starts over)
         # Copy whatever payload already sits in scratch into the sink buffers.
-        ti = 0
-        while ti < len(sink) and len(sink[ti]) == 0:
-            ti += 1
+        ti = self._next_target(0)
         while self._left and ti < len(sink):
             cur = sink[ti]
             avail = self._end - self._start
@@ -281,9 +376,7 @@ class ReplyParser:
                 self._ti, self._cur, self._off = ti, cur, n
                 self._mode = _FILL
                 return
-            ti += 1
-            while ti < len(sink) and len(sink[ti]) == 0:
-                ti += 1
+            ti = self._next_target(ti + 1)
         if self._left and ti < len(sink):
             self._ti, self._cur, self._off = ti, sink[ti], 0
             self._mode = _FILL
@@ -295,10 +388,10 @@ class ReplyParser:
         self._await_crlf = True
 
     def _finish_bulk(self) -> None:
-        obj = self._bulk_obj
-        if obj is not None:
-            self._bulk_obj = None
-            self._value(bytes(obj))
+        pieces = self._pieces
+        if pieces is not None:
+            self._pieces = None
+            self._value(bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces))
         else:
             self._value(self._total)
 
@@ -340,68 +433,77 @@ class ReplyParser:
             start = self._start
             if start >= self._end:
                 return
-            idx = buf.find(_CRLF, start, self._end)
+            idx = buf.find(_CRLF, start, min(self._end, start + MAX_LINE + 2))
             if idx < 0:
-                if self._end - start > _MAX_LINE:
-                    raise ProtocolError("reply line too long")
+                if self._end - start > MAX_LINE:
+                    raise ProtocolError(f"reply line longer than {MAX_LINE} bytes")
                 return
             kind = buf[start]
             self._start = idx + 2
             top_level = not self._stack
             if top_level:
                 sinks = self._sinks
-                sink = sinks.popleft() if sinks else None
-                if kind == 58:  # ':' fast path: a run of integer replies (pipelined EXISTS)
+                sink, self._bound = sinks.popleft() if sinks else _NO_REQUEST
+                self._budget = self._bound
+                if kind == 58 and sink is None:  # ':' fast path: a run of integer replies (pipelined EXISTS)
                     on_reply = self._on_reply
                     end = self._end
                     while True:
-                        try:
-                            v = int(buf[start + 1:idx])
-                        except ValueError:
-                            raise ProtocolError(f"bad integer {bytes(buf[start + 1:idx])!r}") from None
-                        on_reply(v)
+                        if idx - start == 2:  # one digit: what EXISTS answers, parsed without a slice
+                            v = buf[start + 1] - 48
+                            if not 0 <= v <= 9:
+                                raise ProtocolError(f"bad integer {_show(buf[start + 1:idx])}")
+                            on_reply(v)
+                        else:
+                            on_reply(_number(buf[start + 1:idx], "integer"))
                         if self._dead:
                             return
                         start = self._start
-                        if start >= end or buf[start] != 58 or self._stack:
+                        if start >= end or buf[start] != 58:
                             break
-                        idx = buf.find(_CRLF, start, end)
+                        idx = buf.find(_CRLF, start, end)  # (scratch holds at most ~2 * MAX_LINE)
                         if idx < 0:
                             break
                         self._start = idx + 2
-                        if sinks:
-                            sinks.popleft()
+                        if sinks and sinks.popleft()[0] is not None:
+                            raise ProtocolError("expected a bulk string, got a reply of type b':'")
                     continue
+                if sink is not None and kind != 36 and kind != 45:
+                    raise ProtocolError(f"expected a bulk string, got a reply of type {bytes([kind])!r}")
                 self._sink = sink
             line = bytes(buf[start + 1:idx])
             if kind == 36:  # '$'
-                try:
-                    n = int(line)
-                except ValueError:
-                    raise ProtocolError(f"bad bulk length {line!r}") from None
-                if n < 0:
+                n = _number(line, "bulk length")
+                if n >= 0:
+                    self._start_bulk(n, self._sink if top_level else None)
+                elif n == -1:
+                    self._charge(0, "a nil")
                     self._value(None)
                 else:
-                    self._start_bulk(n, self._sink if top_level else None)
+                    raise ProtocolError(f"bad bulk length {n}")
             elif kind == 43:  # '+'
-                self._value(line)
+                self._charge(len(line), f"a status of {len(line)} bytes")
+                self._value(_OK if line == b"OK" else SimpleString(line))
             elif kind == 58:  # ':'
-                try:
-                    self._value(int(line))
-                except ValueError:
-                    raise ProtocolError(f"bad integer {line!r}") from None
+                self._charge(0, "an integer")
+                self._value(_number(line, "integer"))
             elif kind == 45:  # '-'
+                self._charge(len(line), f"an error of {len(line)} bytes")
                 self._value(server_error(line.decode("utf-8", "replace")))
             elif kind == 42:  # '*'
-                try:
-                    n = int(line)
-                except ValueError:
-                    raise ProtocolError(f"bad array length {line!r}") from None
-                if n < 0:
-                    self._value(None)
-                elif n == 0:
-                    self._value([])
-                else:
+                n = _number(line, "array length")
+                if n > 0:
+                    if len(self._stack) >= MAX_DEPTH:
+                        raise ProtocolError(f"arrays nested deeper than {MAX_DEPTH}")
+                    self._charge(n * ITEM_COST, f"an array of {n}")
                     self._stack.append([n, []])
+                elif n == 0:
+                    self._charge(0, "an array")
+                    self._value([])
+                elif n == -1:
+                    self._charge(0, "a nil")
+                    self._value(None)
+                else:
+                    raise ProtocolError(f"bad array length {n}")
             else:
-                raise ProtocolError(f"unexpected reply type byte {kind!r}")
+                raise ProtocolError(f"unexpected reply type byte {bytes([kind])!r}")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ...config import Node, Settings
 from ...errors import ConnectionLost, DeadlineExceeded, TransportError
 from .connection import Connection, open_connection
+from .parser import SMALL_REPLY_MAX
 
 __all__ = ["NodePool", "Op", "run_ops", "PENDING"]
 
@@ -210,17 +211,22 @@ class NodePool:
 
 
 class Op:
-    """One command of a batch: encoded parts, optional sink, and a result slot."""
+    """One command of a batch: encoded parts, optional sink, and a result slot.
 
-    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "size")
+    ``bound``: the most bytes its reply (each reply, for a pipeline) may hold outside the
+    sink: what the command can legitimately return (see parser.py).
+    """
+
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "size", "bound")
 
     def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
-                 key: bytes | None = None, size: int = 0) -> None:
+                 key: bytes | None = None, size: int = 0, bound: int = SMALL_REPLY_MAX) -> None:
         self.index = index
         self.size = size  # value bytes this op moves (sink capacity or payload); paces pipelining
         self.parts = parts
         self.sink = sink
         self.key = key
+        self.bound = bound
         self.node: Node | None = None
         self.slot = 0
         self.asking = False
@@ -283,9 +289,9 @@ class _Lane:
                 c.send((), None, _ignore)
             chunks.extend(op.parts)
             if op.nreplies:
-                ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op))
+                ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op), op.bound)
             else:
-                ok = c.send((), op.sink, self._cb(c, op))
+                ok = c.send((), op.sink, self._cb(c, op), op.bound)
             if not ok:
                 self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
         c.write(b"".join(chunks))
@@ -320,7 +326,7 @@ class _Lane:
             if op.asking:
                 conn.send((_ASKING,), None, _ignore)
             inflight[conn] += op.size
-            if not conn.send(op.parts, op.sink, self._cb(conn, op)):
+            if not conn.send(op.parts, op.sink, self._cb(conn, op), op.bound):
                 inflight[conn] -= op.size
                 q.appendleft(op)
                 self._feed(conn)
