@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import pathlib
 
 import pytest
 
 from conftest_helpers import allocated_bytes, filled, payload, put_and_wait
 from lmcache_valkey.integrations.lmcache.stack import Layout
-from support.servers import ValkeyServer
-
-MODULE_SO = pathlib.Path(__file__).resolve().parents[2] / "endpoint" / "build" / "lmcv_blob.so"
-
-
-@pytest.fixture
-def blob_server():
-    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
-    args = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", "arena_mb", "512"]
-    with ValkeyServer(args=args) as s:
-        yield s
+from support.servers import ValkeyServer, endpoint_args
 
 
 @pytest.mark.parametrize("chunk_size,n", [(32, 6), (256, 3)])  # 4 MiB and 32 MiB chunks
@@ -67,8 +56,7 @@ def test_sigterm_still_shuts_the_server_down_cleanly_with_the_module_loaded(make
     back and runs SHUTDOWN, and stops its fabric thread first: exit status 0, after RMA traffic."""
     import signal
 
-    args = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", "arena_mb", "64"]
-    server = ValkeyServer(args=args).start()
+    server = ValkeyServer(args=endpoint_args(64)).start()
     try:
         lay = Layout(model="exit", num_layers=4, num_kv_heads=2, head_dim=64, chunk_size=16)
         stack = make_stack({"url": server.url, "transport": "fabric"}, layout=lay)

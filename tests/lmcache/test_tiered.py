@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import time
 
-import pytest
-
 from conftest_helpers import SMALL, filled, payload, put_and_wait
-from support.servers import free_port
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    import boto3
-
-    bucket = f"lmcv-{os.urandom(4).hex()}"
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket=bucket)
-    yield f"http://127.0.0.1:{port}", bucket
-    server.stop()
 
 
 def wait_for(pred, timeout=30.0, what="condition"):
@@ -36,8 +15,8 @@ def wait_for(pred, timeout=30.0, what="condition"):
         time.sleep(0.02)
 
 
-def test_embedded_tiering_serves_evicted_chunks_from_nvme_then_s3(valkey_server, make_stack, tmp_path, s3):
-    endpoint, bucket = s3
+def test_embedded_tiering_serves_evicted_chunks_from_nvme_then_s3(valkey_server, make_stack, tmp_path, s3_bucket):
+    endpoint, bucket = s3_bucket
     stack = make_stack({
         "url": valkey_server.url, "tenant": "t1",
         "tiering": "embedded", "nvme_dir": str(tmp_path / "nvme"), "admission": "always",

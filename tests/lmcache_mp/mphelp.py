@@ -116,3 +116,15 @@ def read(sm: StorageManager, ks: list[ObjectKey]) -> list[bytes]:
 
 def want(seeds: Sequence[int]) -> list[bytes]:
     return [bytes(pattern(s).numpy()) for s in seeds]
+
+
+def l2_lookup(adapter: Any, ks: list[ObjectKey], timeout: float = 30.0) -> list[bool]:
+    """The adapter's own answer for each key (lookup-and-lock, then unlock)."""
+    tid = adapter.submit_lookup_and_lock_task(ks, {0: LAYOUT})
+    end = time.monotonic() + timeout
+    while (bits := adapter.query_lookup_and_lock_result(tid)) is None:
+        assert time.monotonic() < end, "lookup did not finish"
+        time.sleep(0.005)
+    found = [bits.test(i) for i in range(len(ks))]
+    adapter.submit_unlock([k for k, f in zip(ks, found) if f])
+    return found

@@ -26,6 +26,7 @@ from lmcache_valkey.config import Node, Settings, TLSSettings, settings_from_map
 from lmcache_valkey.transport.resp.parser import ReplyParser, encode_command
 
 DEBIAN_VALKEY = "/usr/bin/valkey-server"
+ENDPOINT_MODULE = Path(__file__).resolve().parents[2] / "endpoint" / "build" / "lmcv_blob.so"
 DEBIAN_REDIS = "/usr/bin/redis-server"
 
 
@@ -162,6 +163,12 @@ def make_tls_files(directory: str | Path) -> TLSFiles:
         client_cert_file=write_cert(ccert, "client.pem"),
         client_key_file=write_key(ckey, "client.key"),
     )
+
+
+def endpoint_args(arena_mb: int = 256, provider: str = "tcp;ofi_rxm") -> list[str]:
+    """valkey-server arguments that load the reference endpoint module (built by setup.sh)."""
+    assert ENDPOINT_MODULE.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
+    return ["--loadmodule", str(ENDPOINT_MODULE), "provider", provider, "bind", "127.0.0.1", "arena_mb", str(arena_mb)]
 
 
 class ValkeyServer:

@@ -3,25 +3,12 @@ server writes loads into it / reads stores from it directly, byte-exact."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 from vllmhelp import Layout, block_bytes, keys
 
-from support.servers import ValkeyServer
-
 pytestmark = pytest.mark.timeout(180)
 
-MODULE_SO = pathlib.Path(__file__).resolve().parents[2] / "endpoint" / "build" / "lmcv_blob.so"
 FABRIC = {"transport": "fabric", "fabric_provider": "tcp;ofi_rxm"}
-
-
-@pytest.fixture
-def blob_server():
-    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
-    args = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", "arena_mb", "256"]
-    with ValkeyServer(args=args) as s:
-        yield s
 
 
 @pytest.mark.parametrize("block_kib", [64, 2048])
