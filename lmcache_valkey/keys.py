@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Mapping, NamedTuple
 
 from .errors import ConfigError
@@ -73,6 +73,14 @@ def tenant_key(prefix: str, tenant: str, secret: bytes | None = None) -> bytes:
     return hashlib.blake2b(f"{prefix}:{tenant}".encode(), digest_size=32, key=k, person=b"lmcv-tenant").digest()
 
 
+@lru_cache(maxsize=256)
+def _keyed_hashers(key: bytes) -> tuple[Any, Any]:
+    """BLAKE2b states for chunk ids and key digests, keyed once and copied per call (cheaper
+    than keying every call). Kept here, not on the Namespace, which stays picklable."""
+    return (hashlib.blake2b(digest_size=16, key=key, person=b"lmcv-chunk"),
+            hashlib.blake2b(digest_size=16, key=key, person=b"lmcv-key"))
+
+
 def fingerprint(fields: Mapping[str, Any], key: bytes = b"") -> str:
     """A stable 16-byte hex digest of the fields that decide KV compatibility, keyed with
     the tenant's key (:func:`tenant_key`)."""
@@ -103,6 +111,10 @@ class Namespace:
     def _key(self) -> bytes:
         return tenant_key(self.prefix, self.tenant, self.secret)
 
+    @property
+    def _hashers(self) -> tuple[Any, Any]:
+        return _keyed_hashers(self._key)
+
     def data_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{DATA}:{{{chunk_id}}}".encode()
 
@@ -110,12 +122,16 @@ class Namespace:
         """The chunk id of an engine's key string in this namespace. Every adapter derives ids
         here and nowhere else: a keyed hash with the tenant's key, so equal key strings of two
         tenants never share an id, and without the tenant's secret nobody can compute one."""
-        return hashlib.blake2b(key_string.encode(), digest_size=16, key=self._key, person=b"lmcv-chunk").hexdigest()
+        h = self._hashers[0].copy()
+        h.update(key_string.encode())
+        return h.hexdigest()
 
     def key_digest(self, key_string: str) -> bytes:
         """16 bytes stored in the chunk header to detect a value stored under the wrong key
         (keyed too: a header read elsewhere does not confirm a guessed prompt)."""
-        return hashlib.blake2b(key_string.encode(), digest_size=16, key=self._key, person=b"lmcv-key").digest()
+        h = self._hashers[1].copy()
+        h.update(key_string.encode())
+        return h.digest()
 
     def marker_key(self, chunk_id: str) -> bytes:
         return f"{self.base}:{TIER_MARKER}:{{{chunk_id}}}".encode()

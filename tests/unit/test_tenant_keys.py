@@ -26,6 +26,9 @@ def test_without_the_secret_nobody_computes_a_tenants_ids():
     again = make_namespace("lmcv", "a", FIELDS, secret=SECRET.encode())  # another worker of tenant a
     assert again.data_key(again.chunk_id("prompt")) == with_secret.data_key(with_secret.chunk_id("prompt"))
     assert SECRET not in repr(with_secret)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(with_secret)).chunk_id("prompt") == with_secret.chunk_id("prompt")
 
 
 def test_the_secret_comes_from_a_value_a_file_or_the_environment(tmp_path):
