@@ -196,6 +196,38 @@ class ChunkStore:
     async def get_into(self, ref: ChunkRef, dest: Payload) -> GetResult | None:
         return (await self.get_many_into([(ref, dest)]))[0]
 
+    async def load_into(
+        self,
+        items: Sequence[tuple[ChunkRef, Payload]],
+        *,
+        accept: Callable[[int, ChunkMeta], bool] | None = None,
+    ) -> list[GetResult | None]:
+        """:meth:`get_many_into` for a caller that reuses a missed item's buffer as soon as it
+        has the answer (an engine's own pool slot): returns only once no transfer can write
+        into any missed item's buffer. With RESP that is at once; with RMA it waits for each
+        missed item's ``on_release``, which for a transfer the server left in flight means
+        until the store closes (docs/fabric-buffer-ownership.md): a visible stall, never a
+        slot written after the engine took it back."""
+        loop = asyncio.get_running_loop()
+        released = 0
+        misses: int | None = None
+        all_released = asyncio.Event()
+
+        def note_release() -> None:
+            nonlocal released
+            released += 1
+            if misses is not None and released >= misses:
+                all_released.set()
+
+        def on_release(_i: int) -> None:  # may run on a transport's thread
+            loop.call_soon_threadsafe(note_release)
+
+        results = await self.get_many_into(items, on_release=on_release, accept=accept)
+        misses = sum(r is None for r in results)
+        if released < misses:
+            await all_released.wait()
+        return results
+
     async def get_many_into(
         self,
         items: Sequence[tuple[ChunkRef, Payload]],

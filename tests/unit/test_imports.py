@@ -11,7 +11,7 @@ import pytest
 import lmcache_valkey
 
 # Modules that import an engine (or its torch) only exist to be loaded by that engine.
-OPTIONAL = {"lmcache", "torch", "vllm", "transformers", "aiobotocore", "botocore"}
+OPTIONAL = {"lmcache", "torch", "vllm", "sglang", "transformers", "aiobotocore", "botocore"}
 
 
 def _modules() -> list[str]:

@@ -11,7 +11,9 @@ FENCES = {
     # Only the vLLM tier's two edge modules; its settings, lookup book and job runner stay
     # importable without vLLM.
     "vllm": ("integrations/vllm/tier.py", "integrations/vllm/stats.py"),
-    "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "demo.py"),
+    # Only the SGLang backend's two edge modules; its settings and page math need no SGLang.
+    "sglang": ("integrations/sglang/backend.py", "integrations/sglang/stats.py"),
+    "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/sglang/", "demo.py"),
     "transformers": ("demo.py",),
     "prometheus_client": ("metrics.py",),
     "cffi": ("transport/fabric/",),
@@ -22,8 +24,9 @@ FENCES = {
 # lmcache_valkey subpackage -> subpackages it must never import
 FORBIDDEN = {
     "integrations/": ("transport",),  # integrations reach the servers only through the store
-    "integrations/vllm/": ("integrations.lmcache",),  # adapters share code below them, not with each other
-    "integrations/lmcache/": ("integrations.vllm",),
+    "integrations/vllm/": ("integrations.lmcache", "integrations.sglang"),  # adapters share code below them, not with each other
+    "integrations/lmcache/": ("integrations.vllm", "integrations.sglang"),
+    "integrations/sglang/": ("integrations.lmcache", "integrations.lmcache_mp", "integrations.vllm"),
     "store.py": ("integrations",),
     "session.py": ("integrations",),
     "transport/": ("integrations", "store", "tiering"),

@@ -165,26 +165,9 @@ class JobRunner:
         return await self._session.store.put_many(items)
 
     async def _load(self, refs: list[ChunkRef], views: list[memoryview]) -> list[bool]:
-        loop = asyncio.get_running_loop()
-        released = 0
-        misses: int | None = None
-        all_released = asyncio.Event()
-
-        def note_release() -> None:
-            nonlocal released
-            released += 1
-            if misses is not None and released >= misses:
-                all_released.set()
-
-        def on_release(_i: int) -> None:  # may run on a transport's thread
-            loop.call_soon_threadsafe(note_release)
-
-        results = await self._session.store.get_many_into(list(zip(refs, views)), on_release=on_release)
-        misses = sum(r is None for r in results)
-        if released < misses:
-            # RMA: the server may still be writing into a missed slot; hold the job until
-            # the transport says its transfer is over (at once with RESP).
-            await all_released.wait()
+        # RMA: the server may still be writing into a missed slot; the job is held until the
+        # transport says its transfer is over (at once with RESP).
+        results = await self._session.store.load_into(list(zip(refs, views)))
         ok = []
         for ref, r in zip(refs, results):
             good = r is not None and r.nbytes == self._bs

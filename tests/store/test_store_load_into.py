@@ -1,0 +1,55 @@
+"""``load_into`` hands a missed buffer back only when no transfer can still write into it
+(RMA: the server writes, maybe after the store gave up)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lmcache_valkey.config import Settings
+from lmcache_valkey.keys import make_namespace
+from lmcache_valkey.store import ChunkRef, ChunkStore
+
+pytestmark = pytest.mark.timeout(30)
+
+NS = make_namespace("lmcv", "default", {"model": "load-into"})
+
+
+class LateReleaseTransport:
+    """A corner case no server produces on demand: every item is absent, and the transport
+    reports its transfer over only ``delay`` seconds later, from another thread's timer."""
+
+    supports_release_callbacks = True
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.released_at: list[float] = []
+
+    async def get_many_into(self, items, *, timeout, on_release=None):
+        loop = asyncio.get_running_loop()
+        for cb in on_release or ():
+            loop.call_later(self.delay, lambda cb=cb: (self.released_at.append(loop.time()), cb()))
+        return [None] * len(items)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_load_into_returns_only_after_every_missed_buffer_is_released() -> None:
+    async def main() -> None:
+        transport = LateReleaseTransport(delay=0.2)
+        store = ChunkStore(Settings(), NS, transport, transport_name="fabric")
+        refs = [ChunkRef(NS.chunk_id(f"k{i}"), f"k{i}") for i in range(3)]
+        results = await store.load_into([(r, memoryview(bytearray(16))) for r in refs])
+        returned = asyncio.get_running_loop().time()
+        assert results == [None] * 3
+        assert len(transport.released_at) == 3 and max(transport.released_at) <= returned
+        # get_many_into itself does not wait: its caller owns the callbacks.
+        transport.released_at.clear()
+        await store.get_many_into([(refs[0], memoryview(bytearray(16)))], on_release=lambda i: None)
+        assert transport.released_at == []
+        await asyncio.sleep(0.3)
+        await store.close()
+
+    asyncio.run(main())
