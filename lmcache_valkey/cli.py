@@ -1,8 +1,10 @@
-"""``lmcache-valkey``: demo, tierd, doctor, stats, evict, drain, bench.
+"""``lmcache-valkey``: demo, tierd, doctor, stats, evict, drain, bench, endpoint.
 
-Exit codes: 0 success, 1 the operation or a check failed, 2 bad usage or settings.
-Connection flags are shared; ``--config`` reads the plugin's keys out of an
-LMCache YAML file so the doctor checks exactly what the workers will use.
+Exit codes: 0 success, 1 the operation or a check failed, 2 bad usage, settings or a missing
+extra, 3 (``tierd``) stopped with chunks its drain could not flush. Every error is one line on
+stderr (and, with ``--json``, one JSON object on stdout). Connection flags are shared;
+``--config`` reads the plugin's keys out of an LMCache YAML file so the doctor checks exactly
+what the workers will use.
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from . import __version__
-from .config import Settings, settings_from_mapping
-from .errors import ConfigError, LmcacheValkeyError
+from .config import Settings, parse_size
+from .errors import ConfigError, LmcacheValkeyError, MissingExtra
+from .extras import missing_extra
+from .tiering.settings import TieringSettings
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_UNFLUSHED = 3  # tierd: stopped with chunks the drain could not flush (counted as drops)
+DRAIN_PROGRESS_S = 2.0  # how often `drain` reports the backlog while it waits
+DRAIN_PROBE_S = 10.0  # a tierd that serves requests answers `stats` in milliseconds
+
+EXIT_CODES_HELP = (
+    "exit codes: 0 ok, 1 a check or operation failed, 2 bad usage, settings or a missing extra; "
+    "tierd also 3: stopped with chunks its drain could not flush to S3"
+)
 
 
 def _add_connection_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,41 +45,63 @@ def _add_connection_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--transport", choices=("auto", "tcp", "fabric"))
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    raw: dict[str, Any] = {}
-    if args.config:
-        import yaml
+def plugin_keys_from_yaml(path: str, plugin: str) -> dict[str, Any]:
+    """The ``remote_storage_plugin.<plugin>.*`` keys of an LMCache YAML file, prefix removed.
+    A missing, unreadable or malformed file is a ConfigError naming ``--config``."""
+    import yaml
 
-        with open(args.config, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-        extra = doc.get("extra_config") or {}
-        prefix = f"remote_storage_plugin.{args.plugin}."
-        raw = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
-        if not raw:
-            raise ConfigError("--config", f"an LMCache YAML with {prefix}* keys in extra_config", args.config)
-        from .tiering.settings import split_tiering_keys, tiering_settings_from_mapping
-
-        tier_raw, raw = split_tiering_keys(raw)
-        tiering_settings_from_mapping(tier_raw, key_prefix=prefix)  # validated, as the workers will
-        try:
-            settings_from_mapping({k: v for k, v in raw.items() if k not in ("module_path", "class_name")})
-        except ConfigError as e:  # name the key as written in the YAML
-            raise ConfigError(prefix + e.key, e.expected, e.got) from None
-    for flag, key in (("url", "url"), ("username", "username"), ("password_file", "password_file"),
-                      ("tls_ca_file", "tls_ca_file"), ("tenant", "tenant"), ("transport", "transport")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            raw[key] = value
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError("--config", "a readable LMCache YAML file", f"{path}: {e.strerror or e}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError("--config", "valid YAML", f"{path}{where}: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("--config", "an LMCache YAML mapping (chunk_size:, extra_config:, ...)", path)
+    extra = doc.get("extra_config") or {}
+    prefix = f"remote_storage_plugin.{plugin}."
+    if not isinstance(extra, dict):
+        raise ConfigError("--config", "extra_config to be a mapping", f"{path}: {type(extra).__name__}")
+    raw = {k[len(prefix):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(prefix)}
+    if not raw:
+        raise ConfigError("--config", f"an LMCache YAML with {prefix}* keys in extra_config", path)
     raw.pop("module_path", None)
     raw.pop("class_name", None)
-    return settings_from_mapping(raw)
+    return raw
+
+
+def settings_and_tiering_from_args(args: argparse.Namespace) -> tuple[Settings, TieringSettings]:
+    """What the workers would run with: the ``--config`` file's keys (validated and named as
+    written there), then the connection flags on top."""
+    from .session import parse_adapter_settings
+
+    raw: dict[str, Any] = {}
+    if args.config:
+        raw = plugin_keys_from_yaml(args.config, args.plugin)
+        parse_adapter_settings(raw, key_prefix=f"remote_storage_plugin.{args.plugin}.")
+    for flag in ("url", "username", "password_file", "tls_ca_file", "tenant", "transport"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            raw[flag] = value
+    return parse_adapter_settings(raw)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return settings_and_tiering_from_args(args)[0]
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import run_doctor
 
+    settings, tiering = settings_and_tiering_from_args(args)
     return run_doctor(
-        settings_from_args(args),
+        settings,
+        tiering=tiering,
         as_json=args.json,
         s3_bucket=args.s3_bucket,
         s3_endpoint_url=args.s3_endpoint_url,
@@ -86,43 +121,104 @@ def _cmd_tierd(args: argparse.Namespace) -> int:
     return asyncio.run(run_tierd(args)) or EXIT_OK
 
 
+def _no_tierd(args: argparse.Namespace, waited_s: float) -> LmcacheValkeyError:
+    return LmcacheValkeyError(
+        f"no tierd answered for tenant {args.tenant!r} on {args.valkey_url} within {waited_s:g}s: "
+        f"is `lmcache-valkey tierd --valkey-url {args.valkey_url} --tenant {args.tenant}` running "
+        "(the chart's tierd sidecar)?")
+
+
+def _tierd_call(args: argparse.Namespace, command: Callable[[argparse.Namespace], Any]) -> Any:
+    """Run a control command against tierd; no answer within ``--timeout`` is one clear error."""
+    try:
+        return asyncio.run(command(args))
+    except LmcacheValkeyError:
+        raise  # Valkey unreachable, refused, no tierd (above), ...: already says what
+    except (TimeoutError, asyncio.TimeoutError):
+        raise _no_tierd(args, args.timeout) from None
+    except RuntimeError as e:  # tierd answered with an error
+        raise LmcacheValkeyError(str(e)) from None
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
+    from .report import render_stats
     from .tiering.service import tier_stats_command
 
-    stats = asyncio.run(tier_stats_command(args))
-    if args.json:
-        print(json.dumps(stats, indent=2, default=str))
-    else:
-        for tier, values in stats.items():
-            shown = ", ".join(f"{k}={v}" for k, v in values.items()) if isinstance(values, dict) else values
-            print(f"{tier:<6} {shown}")
+    stats = _tierd_call(args, tier_stats_command)
+    print(json.dumps(stats, indent=2, default=str) if args.json else render_stats(stats))
     return EXIT_OK
 
 
 def _cmd_evict(args: argparse.Namespace) -> int:
     from .tiering.service import evict_command
 
-    n = asyncio.run(evict_command(args))
+    n = _tierd_call(args, evict_command)
     print(json.dumps({"evicted": n}) if args.json else f"evicted {n} chunk(s) from {args.tier}")
     return EXIT_OK
 
 
-def _cmd_drain(args: argparse.Namespace) -> int:
-    from .tiering.service import drain_command
+async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], None]) -> bool:
+    """Ask tierd to drain; while it works, report its S3 backlog every DRAIN_PROGRESS_S."""
+    from .report import describe_backlog
+    from .tiering.service import _with_remote, drain, tier_stats
 
-    drained = asyncio.run(drain_command(args))
-    print(json.dumps({"drained": drained}) if args.json else ("flush backlog drained" if drained else "flush backlog NOT drained in time"))
+    async def body(tc: Any) -> bool:
+        started = time.monotonic()
+        probe_s = min(args.timeout, DRAIN_PROBE_S)
+        try:  # is a tierd there at all? (a drain request alone would wait its whole timeout)
+            stats = await tier_stats(tc, timeout=probe_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise _no_tierd(args, probe_s) from None
+        say(f"drain: {describe_backlog(stats)}; waiting up to {args.timeout:g}s")
+        waiting = asyncio.ensure_future(drain(tc, timeout=args.timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=DRAIN_PROGRESS_S)
+                if done:
+                    return waiting.result()
+                try:
+                    stats = await tier_stats(tc, timeout=min(5.0, DRAIN_PROGRESS_S * 2))
+                except (TimeoutError, asyncio.TimeoutError, RuntimeError, LmcacheValkeyError):
+                    stats = None
+                spent = time.monotonic() - started
+                say(f"drain: {describe_backlog(stats)}; waited {spent:.0f}s of {args.timeout:g}s")
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+
+    return await _with_remote(args, body)
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    say = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    drained = _tierd_call(args, lambda a: _drain_with_progress(a, say))
+    if args.json:
+        print(json.dumps({"drained": drained}))
+    else:
+        print("flush backlog drained" if drained else
+              f"flush backlog NOT drained within {args.timeout:g}s (tierd keeps flushing; run drain again)")
     return EXIT_OK if drained else EXIT_FAIL
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .quickbench import run_quickbench
 
+    args.chunk_bytes = parse_size("--chunk-bytes", args.chunk_bytes)
     return run_quickbench(settings_from_args(args), args)
 
 
+def _cmd_endpoint_build(args: argparse.Namespace) -> int:
+    from .endpoint_build import build_endpoint
+
+    path = build_endpoint(args.out, say=(lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr)))
+    print(json.dumps({"module": str(path)}) if args.json else path)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmcache-valkey", description="A shared, tiered KV-cache store for LMCache on Valkey.")
+    parser = argparse.ArgumentParser(prog="lmcache-valkey", description="A shared, tiered KV-cache store for LMCache on Valkey.",
+                                     epilog=EXIT_CODES_HELP)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -133,22 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
 
-    doctor = sub.add_parser("doctor", help="check connectivity, auth/ACL, TLS, server, modules, fabric and S3")
+    doctor = sub.add_parser("doctor", help="check connectivity, auth/ACL, TLS, server, modules, fabric, tiers and S3",
+                            epilog=EXIT_CODES_HELP)
     _add_connection_arguments(doctor)
-    doctor.add_argument("--s3-bucket")
+    doctor.add_argument("--s3-bucket", help="check this bucket (default: s3_bucket of --config)")
     doctor.add_argument("--s3-endpoint-url")
     doctor.add_argument("--s3-prefix")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(func=_cmd_doctor)
 
-    tierd = sub.add_parser("tierd", help="run the tiering manager next to Valkey (NVMe and S3 tiers)")
+    tierd = sub.add_parser("tierd", help="run the tiering manager next to Valkey (NVMe and S3 tiers)",
+                           epilog=EXIT_CODES_HELP)
     service.add_tierd_arguments(tierd)
     tierd.set_defaults(func=_cmd_tierd)
 
     for name, helptext, func in (
-        ("stats", "per-tier statistics", _cmd_stats),
+        ("stats", "per-tier statistics from tierd", _cmd_stats),
         ("evict", "evict a namespace or keys from one tier", _cmd_evict),
-        ("drain", "wait until tierd's write-behind backlog is flushed", _cmd_drain),
+        ("drain", "wait until tierd's write-behind backlog is flushed (reports progress)", _cmd_drain),
     ):
         p = sub.add_parser(name, help=helptext)
         getattr(service, f"add_{name}_arguments")(p)  # adds --url/--tenant/--json too
@@ -156,12 +254,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="quick put/get throughput against a server")
     _add_connection_arguments(bench)
-    bench.add_argument("--chunk-bytes", type=int, default=4 << 20)
+    bench.add_argument("--chunk-bytes", default="4MiB", help="chunk size, e.g. 4MiB or 4194304 (default 4MiB)")
     bench.add_argument("--chunks", type=int, default=64)
     bench.add_argument("--rounds", type=int, default=3)
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
+
+    endpoint = sub.add_parser("endpoint", help="the reference Valkey module (RMA fast path)")
+    esub = endpoint.add_subparsers(dest="endpoint_command", required=True)
+    build = esub.add_parser("build", help="compile the module from the sources shipped in this package "
+                                          "(needs a C compiler and libfabric headers)")
+    build.add_argument("--out", default=".", help="directory to write lmcv_blob.so into (default: .)")
+    build.add_argument("--json", action="store_true")
+    build.set_defaults(func=_cmd_endpoint_build)
     return parser
+
+
+def _report_error(args: argparse.Namespace, message: str, code: int) -> int:
+    command = " ".join(c for c in (args.command, getattr(args, "endpoint_command", None)) if c)
+    print(f"lmcache-valkey {command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": message, "exit_code": code}))
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,12 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as e:
-        print(f"lmcache-valkey {args.command}: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    except (ConfigError, MissingExtra) as e:
+        return _report_error(args, str(e), EXIT_USAGE)
     except LmcacheValkeyError as e:
-        print(f"lmcache-valkey {args.command}: {e}", file=sys.stderr)
-        return EXIT_FAIL
+        return _report_error(args, str(e), EXIT_FAIL)
+    except ModuleNotFoundError as e:
+        extra = missing_extra(e, f"`lmcache-valkey {args.command}`")
+        if extra is None:
+            raise
+        return _report_error(args, str(extra), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
 

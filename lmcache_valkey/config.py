@@ -153,6 +153,17 @@ def parse_size(key: str, v: Any) -> int:
 _as_size = parse_size
 
 
+def format_size(n: int) -> str:
+    """A byte count as people read it, in the units :func:`parse_size` accepts: ``512 B``,
+    ``4.0 MiB``, ``1.5 TiB``."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
 def parse_bool(key: str, v: Any) -> bool:
     """A boolean (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``), for every adapter's own keys."""
     return _as_bool(key, v)

@@ -8,15 +8,21 @@ that depend on a failed one are skipped. Exit code: 0 all OK (warnings allowed),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import mmap
+import os
 import ssl
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from . import acl
-from .config import Settings
+from .config import Settings, format_size
+from .endpoint_build import build_command
 from .errors import AuthError, LmcacheValkeyError, ServerError, TransportError
+from .extras import missing_extra
+from .tiering.settings import TieringSettings
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -30,12 +36,16 @@ class Check:
 
 
 class Doctor:
-    def __init__(self, settings: Settings, *, s3_bucket: str | None = None, s3_endpoint_url: str | None = None,
-                 s3_prefix: str = "", fabric_provider: str | None = None) -> None:
+    def __init__(self, settings: Settings, *, tiering: TieringSettings | None = None, s3_bucket: str | None = None,
+                 s3_endpoint_url: str | None = None, s3_prefix: str = "", fabric_provider: str | None = None) -> None:
         self.settings = settings
-        self.s3_bucket = s3_bucket
-        self.s3_endpoint_url = s3_endpoint_url
-        self.s3_prefix = s3_prefix
+        self.tiering = tiering or TieringSettings()
+        # The worker's own tiers (embedded) are checked from here; with tiering: service they
+        # are tierd's, on the storage node. Flags name a bucket to check either way.
+        embedded = self.tiering.mode == "embedded"
+        self.s3_bucket = s3_bucket or (self.tiering.s3_bucket if embedded else None)
+        self.s3_endpoint_url = s3_endpoint_url or (self.tiering.s3_endpoint_url if embedded else None)
+        self.s3_prefix = s3_prefix or (self.tiering.s3_prefix if embedded else "")
         self.fabric_provider = fabric_provider
         self.checks: list[Check] = []
         self._client: Any = None
@@ -53,6 +63,7 @@ class Doctor:
                 self.add(name, SKIP, "not reachable")
             await self._guard(self._secret)
         await self._guard(self._fabric)
+        await self._guard(self._tiering)
         if self.s3_bucket:
             await self._guard(self._s3)
         if self._client is not None:
@@ -60,10 +71,17 @@ class Doctor:
         return self.checks
 
     async def _guard(self, step: Callable[[], Awaitable[None]]) -> None:
+        name = step.__name__.strip("_")
         try:
             await step()
+        except ModuleNotFoundError as e:
+            extra = missing_extra(e, f"the {name} check")
+            if extra is None:
+                self.add(name, FAIL, f"unexpected error: {e!r}")
+            else:
+                self.add(name, FAIL, f"{e.name} is not installed", f"pip install 'lmcache-valkey[{extra.extra}]'")
         except Exception as e:  # a check must never crash the doctor
-            self.add(step.__name__.strip("_"), FAIL, f"unexpected error: {e!r}")
+            self.add(name, FAIL, f"unexpected error: {e!r}")
 
     async def _connect(self) -> bool:
         from .transport.resp import RespClient
@@ -82,6 +100,8 @@ class Doctor:
         except (TransportError, OSError) as e:
             await client.close()
             cause = e.__cause__ or e
+            if await self._tls_mismatch(e):
+                return False
             if isinstance(cause, ssl.SSLError) or "SSL" in str(e) or "certificate" in str(e).lower():
                 self.add("tls", FAIL, f"TLS handshake with {where} failed: {e}",
                          "check tls_ca_file (the CA that signed the server certificate), tls_server_name, and that the port speaks TLS")
@@ -94,6 +114,26 @@ class Doctor:
         if s.tls:
             self.add("tls", OK, "TLS handshake verified" if s.tls.verify else "TLS without certificate verification (tls_verify: false)")
         return True
+
+    async def _tls_mismatch(self, error: Exception) -> bool:
+        """A plain client on a TLS port sees a reset, a TLS client on a plain port a handshake
+        that never ends: ask the port which protocol it speaks and say so."""
+        s = self.settings
+        node = s.nodes[0]
+        if node.path:  # unix socket: no TLS there
+            return False
+        where = s.url_for_humans
+        if s.tls is None and await _speaks_tls(node.host, node.port, s.connect_timeout_s):
+            self.add("tls", FAIL, f"{where} speaks TLS but the client connected in plain text ({error})",
+                     f"use valkeys://{node.host}:{node.port} (or tls: true) with tls_ca_file set to the CA "
+                     "that signed the server certificate")
+            return True
+        if s.tls is not None and await _speaks_plain_resp(node.host, node.port, s.connect_timeout_s):
+            self.add("tls", FAIL, f"{where} answers in plain RESP, not TLS ({error})",
+                     f"use valkey://{node.host}:{node.port} without tls settings, or the server's TLS port "
+                     "(its tls-port)")
+            return True
+        return False
 
     async def _info(self, section: str) -> dict[str, str]:
         raw = await self._client.command("INFO", section, timeout=self.settings.op_timeout_s)
@@ -129,13 +169,13 @@ class Doctor:
         policy = info.get("maxmemory_policy", "?")
         used = int(info.get("used_memory", "0") or 0)
         if maxmem == 0:
-            self.add("memory", WARN, f"no maxmemory set (using {used >> 20} MiB)",
+            self.add("memory", WARN, f"no maxmemory set (using {format_size(used)})",
                      "set maxmemory below the pod/host memory limit, or Valkey will be OOM-killed as the cache grows")
         elif policy == "noeviction":
-            self.add("memory", WARN, f"maxmemory {maxmem >> 20} MiB with policy noeviction: puts fail once full",
+            self.add("memory", WARN, f"maxmemory {format_size(maxmem)} with policy noeviction: puts fail once full",
                      "use allkeys-lru (or volatile-lru with ttl_s) so old chunks make room for new ones")
         else:
-            self.add("memory", OK, f"{used >> 20}/{maxmem >> 20} MiB used, policy {policy}")
+            self.add("memory", OK, f"{format_size(used)} of {format_size(maxmem)} used, policy {policy}")
 
     async def _acl(self) -> None:
         s = self.settings
@@ -246,7 +286,8 @@ class Doctor:
         elif wants:
             status = FAIL if self.settings.transport == "fabric" else WARN
             self.add("modules", status, f"no fabric endpoint module loaded (modules: {', '.join(names) or 'none'})",
-                     "load endpoint/build/lmcv_blob.so (loadmodule in valkey.conf, or the chart's module.enabled) or set transport: tcp")
+                     f"build the module with `{build_command()}` and load DIR/lmcv_blob.so (loadmodule in "
+                     "valkey.conf, or the chart's valkey.module.enabled), or set transport: tcp")
         else:
             self.add("modules", OK, f"transport tcp; modules: {', '.join(names) or 'none'}")
 
@@ -270,12 +311,85 @@ class Doctor:
             return
         self.add("fabric", OK, f"libfabric {version}: provider {opened} opens")
 
-    async def _s3(self) -> None:
-        from .tiering.object_store import ObjectTier
-        from .tiering.settings import TieringSettings
+    async def _tiering(self) -> None:
+        """The tiering keys of --config, checked as the worker will use them: with
+        ``embedded`` its NVMe directory (the bucket is the s3 check), with ``service`` that a
+        tierd answers for this tenant."""
+        ts = self.tiering
+        if ts.mode == "off":
+            self.add("tiering", SKIP, "off (Valkey RAM only)")
+            return
+        if ts.mode == "service":
+            await self._tierd_answers()
+            return
+        tiers = [f"NVMe {ts.nvme_dir} ({format_size(ts.nvme_budget_bytes)})" if ts.nvme_dir else "",
+                 f"S3 bucket {ts.s3_bucket!r}" if ts.s3_bucket else ""]
+        self.add("tiering", OK, "embedded in the worker: " + ", ".join(t for t in tiers if t))
+        if ts.nvme_dir:
+            self._nvme_dir(ts)
 
-        ts = TieringSettings(mode="service", s3_bucket=self.s3_bucket, s3_endpoint_url=self.s3_endpoint_url,
-                             s3_prefix=self.s3_prefix or "lmcache-valkey", s3_timeout_s=5.0)
+    async def _tierd_answers(self) -> None:
+        from .tiering.client import TierClient
+
+        s = self.settings
+        if self._client is None:
+            self.add("tiering", SKIP, "service: Valkey not reachable, tierd not asked")
+            return
+        client = TierClient.remote(self._client, s)
+        try:
+            stats = await client.control("stats", timeout=TIERD_WAIT_S)
+        except (TimeoutError, asyncio.TimeoutError, RuntimeError, TransportError) as e:
+            self.add("tiering", FAIL, f"tiering: service, but no tierd answered for tenant {s.tenant!r} within "
+                                      f"{TIERD_WAIT_S:g}s ({type(e).__name__})",
+                     f"run `lmcache-valkey tierd --valkey-url <this Valkey> --tenant {s.tenant}` next to Valkey "
+                     "(the chart's tierd sidecar, tierd.tenant), or set tiering: off")
+            return
+        finally:
+            await client.close()
+        tiers = [name for name in ("nvme", "s3") if isinstance(stats.get(name), dict)]
+        self.add("tiering", OK, f"service: tierd answers for tenant {s.tenant!r} "
+                                f"(tiers: {', '.join(tiers) or 'none'}; {int(stats.get('chunks_indexed', 0)):,} "
+                                "chunk(s) indexed)")
+
+    def _nvme_dir(self, ts: TieringSettings) -> None:
+        """The embedded NVMe tier's directory: there or creatable, writable, big enough, O_DIRECT."""
+        path = ts.nvme_dir or ""
+        existing = path
+        while existing and not os.path.exists(existing):
+            existing = os.path.dirname(existing.rstrip("/")) or "/"
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            self.add("nvme", FAIL, f"nvme_dir {path} cannot be {'written' if existing == path else 'created'} "
+                                   f"by this user ({existing} is not a writable directory)",
+                     "point nvme_dir at a directory on the NVMe filesystem that the worker's user can write")
+            return
+        st = os.statvfs(existing)
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        notes = [] if existing == path else [f"will be created under {existing}"]
+        status = OK
+        fix = ""
+        if ts.nvme_budget_bytes > total:
+            status = FAIL
+            notes.append(f"budget {format_size(ts.nvme_budget_bytes)} exceeds the filesystem ({format_size(total)})")
+            fix = "lower nvme_budget_bytes below the filesystem's size (leave headroom)"
+        elif ts.nvme_budget_bytes > free:
+            status = WARN
+            notes.append(f"budget {format_size(ts.nvme_budget_bytes)} exceeds the free space ({format_size(free)}): "
+                         "writes past it are refused (counted)")
+            fix = "free space on that filesystem or lower nvme_budget_bytes"
+        if ts.nvme_direct and not _accepts_o_direct(existing):
+            status = WARN if status == OK else status
+            notes.append("the filesystem refuses O_DIRECT: buffered I/O through the page cache")
+            fix = fix or "put nvme_dir on an ext4/xfs NVMe filesystem (not tmpfs/overlay), or set nvme_direct: false"
+        detail = f"{path}: {format_size(free)} free of {format_size(total)}, budget {format_size(ts.nvme_budget_bytes)}"
+        self.add("nvme", status, "; ".join([detail, *notes]), fix)
+
+    async def _s3(self) -> None:
+        from dataclasses import replace
+
+        from .tiering.object_store import ObjectTier
+
+        ts = replace(self.tiering, mode="service", s3_bucket=self.s3_bucket, s3_endpoint_url=self.s3_endpoint_url,
+                     s3_prefix=self.s3_prefix or "lmcache-valkey", s3_timeout_s=5.0)
         tier = ObjectTier(ts)
         try:
             await tier.start()
@@ -311,9 +425,67 @@ def exit_code(checks: list[Check]) -> int:
 
 
 def run_doctor(settings: Settings, *, as_json: bool = False, out: Any = None, **kw: Any) -> int:
+    """Run every check and print them; ``kw`` go to :class:`Doctor` (``tiering``, ``s3_*``)."""
     checks = asyncio.run(Doctor(settings, **kw).run())
     print(render(checks, as_json), file=out or sys.stdout)
     return exit_code(checks)
+
+
+TIERD_WAIT_S = 3.0  # a tierd that serves requests answers stats within milliseconds
+PROBE_BYTES = 64
+
+
+async def _speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """True when a TLS handshake (certificate not checked: this only asks the protocol) succeeds."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout)
+    except (OSError, asyncio.TimeoutError, ssl.SSLError):
+        return False
+    writer.close()
+    return True
+
+
+async def _speaks_plain_resp(host: str, port: int, timeout: float) -> bool:
+    """True when the port answers a plain PING with a RESP reply (+PONG, or -NOAUTH and kin)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(b"PING\r\n")
+        reply = await asyncio.wait_for(reader.read(PROBE_BYTES), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
+    return reply[:1] in (b"+", b"-") and reply.endswith(b"\r\n")
+
+
+def _accepts_o_direct(directory: str) -> bool:
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    path = os.path.join(directory, f".lmcv-doctor-probe.{os.getpid()}")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | flag, 0o600)
+    except OSError:
+        return False
+    try:
+        buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT wants
+        try:
+            os.write(fd, buf)
+        finally:
+            buf.close()
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _module_names(reply: Any) -> list[str]:

@@ -71,6 +71,16 @@ class ProtocolError(TransportError):
     cause = "protocol"
 
 
+class MissingExtra(LmcacheValkeyError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'lmcache-valkey[<extra>]'``)."""
+
+    def __init__(self, feature: str, module: str, extra: str) -> None:
+        self.feature, self.module, self.extra = feature, module, extra
+        super().__init__(f"{feature} needs {module}, which is not installed: "
+                         f"pip install 'lmcache-valkey[{extra}]'")
+
+
 class FabricUnavailable(LmcacheValkeyError):
     """libfabric (or the requested provider/endpoint) cannot be used here."""
 

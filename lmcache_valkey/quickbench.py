@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .codec import ChunkMeta
-from .config import Settings
+from .config import Settings, format_size
 from .keys import make_namespace
 from .store import ChunkRef, open_store
 
@@ -60,7 +60,8 @@ def run_quickbench(settings: Settings, args: Any) -> int:
     if not 0 < args.chunks <= 100_000:
         raise ConfigError("--chunks", "an integer in 1..100000", args.chunks)
     if not 64 <= args.chunk_bytes <= settings.max_chunk_bytes:
-        raise ConfigError("--chunk-bytes", f"64..{settings.max_chunk_bytes} (max_chunk_bytes)", args.chunk_bytes)
+        raise ConfigError("--chunk-bytes", f"64 B..{format_size(settings.max_chunk_bytes)} (max_chunk_bytes)",
+                          format_size(args.chunk_bytes))
     if not 0 < args.rounds <= 100:
         raise ConfigError("--rounds", "an integer in 1..100", args.rounds)
     quiet = args.json
@@ -69,6 +70,6 @@ def run_quickbench(settings: Settings, args: Any) -> int:
     if quiet:
         print(json.dumps(res))
     else:
-        print(f"{res['transport']}: {res['chunks']} x {res['chunk_bytes'] >> 10} KiB  "
+        print(f"{res['transport']}: {res['chunks']} x {format_size(res['chunk_bytes'])}  "
               f"put {res['put_GBps']} GB/s  get {res['get_GBps']} GB/s  hits {res['hits']}/{res['chunks']}")
     return 0 if res["hits"] == res["chunks"] else 1

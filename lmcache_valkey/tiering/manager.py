@@ -47,6 +47,7 @@ from typing import Any, Sequence
 from .. import codec
 from ..config import Settings
 from ..errors import ServerError, TransportError
+from ..extras import missing_extra
 from . import _metrics, protocol, requests
 from ..keys import Namespace
 from .index import LOWER_TIERS, ChunkRead, TierIndex, data_of, marker_of, marker_value, split_data_key
@@ -127,7 +128,10 @@ class TierManager:
                     continue
                 self.index.add(e.key, "nvme", e.value_len, last_access=e.mtime, expires_ms=e.expires_ms)
         if self.ts.s3_bucket:
-            from .object_store import ObjectTier
+            try:
+                from .object_store import ObjectTier
+            except ModuleNotFoundError as e:
+                raise (missing_extra(e, "the S3 tier (s3_bucket)") or e) from None
 
             self.s3 = ObjectTier(self.ts, on_durable=self._on_durable, is_wanted=self._current, on_gone=self._on_s3_gone)
             await self.s3.start()
