@@ -33,8 +33,8 @@ TIERD = ("get", "set", "pttl", "exists", "unlink", "scan", "object|idletime", "i
 # Valkey Cluster: the slot map and ASK redirections.
 CLUSTER = ("cluster|slots", "asking")
 # The fabric transport (docs/fabric-acl.md): the module's commands by name (every server;
-# Valkey 9.1 also takes their category, +@largeobj) and DEL, which it deletes with.
-FABRIC = ("del", "blob.hello", "blob.set", "blob.get", "blob.info")
+# Valkey 9.1 also takes their category, +@largeobj). It deletes with UNLINK, as WORKER.
+FABRIC = ("blob.hello", "blob.rdma_prove", "blob.set", "blob.get", "blob.info")
 
 
 def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[str, ...]) -> str:

@@ -97,6 +97,8 @@ MISS_CAUSES = (
     "io",  # local disk / object store I/O
     "fabric",  # libfabric transfer failed
     "nohello",  # fabric endpoint not introduced (HELLO) on this connection
+    "noproof",  # fabric session did not prove the address it claims
+    "region",  # fabric triple outside the regions declared at HELLO
     "window",  # fabric transfer window exhausted
     "unregistered",  # buffer outside the registered arena
     "error",  # anything else

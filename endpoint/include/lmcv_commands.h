@@ -16,6 +16,8 @@
 #define LMCV_CMD_SET "BLOB.SET"
 #define LMCV_CMD_GET "BLOB.GET"
 #define LMCV_CMD_INFO "BLOB.INFO"
+/* Extension (docs/security.md): PROVE <rkey> <addr> completes HELLO ... PROOF. */
+#define LMCV_CMD_PROVE "BLOB.RDMA_PROVE"
 
 /* ACL category of every command (servers with module ACL categories: Valkey 8+):
  * the same name as valkey-large-object's, so one ACL rule serves either module. */
@@ -25,5 +27,9 @@
 #define LMCV_OPT_PX "PX"           /* SET: expiry in milliseconds */
 #define LMCV_OPT_TIMEOUT "TIMEOUT" /* GET/SET: transfer deadline in milliseconds */
 #define LMCV_OPT_PARTIAL "PARTIAL" /* GET: write min(obj_len, window), reply obj_len */
+/* HELLO extensions: PROOF (reply carries a nonce to put in registered memory for PROVE),
+ * REGION <rkey> <addr> <len> (transfers confined to the declared regions). */
+#define LMCV_OPT_PROOF "PROOF"
+#define LMCV_OPT_REGION "REGION"
 
 #endif

@@ -207,9 +207,11 @@ static uint64_t sweep(lmcv_fabric *f, uint64_t now) {
         if (!x->reported) {
             if (x->done_bytes == x->len && !x->failed) {
                 x->reported = 1;
-                STAT_ADD(f, xfers_ok, 1);
-                if (x->op == LMCV_XFER_WRITE) STAT_ADD(f, bytes_to_peers, x->len);
-                else STAT_ADD(f, bytes_from_peers, x->len);
+                if (!x->quiet) {
+                    STAT_ADD(f, xfers_ok, 1);
+                    if (x->op == LMCV_XFER_WRITE) STAT_ADD(f, bytes_to_peers, x->len);
+                    else STAT_ADD(f, bytes_from_peers, x->len);
+                }
                 x->finished(x, LMCV_XFER_OK, 0);
             } else if (x->failed && x->inflight == 0) {
                 /* An error is reported only once the posted ops drained, so the reply

@@ -38,6 +38,8 @@ struct lmcv_xfer {
     /* READ only: CRC32C of the bytes landed, computed chunk by chunk as completions
      * arrive so it overlaps the transfer instead of following it. Valid on LMCV_XFER_OK. */
     int want_crc;
+    /* Handshake traffic (the HELLO proof nonce): not counted in the transfer statistics. */
+    int quiet;
     uint32_t crc;
     char errmsg[96];
     /* Private to fabric.c. */

@@ -18,6 +18,7 @@
 #include "crc32c.h"
 #include "fabric.h"
 #include "rm_api.h"
+#include "session.h"
 
 /* ---- values ------------------------------------------------------------------------ */
 
@@ -39,10 +40,13 @@ static struct {
     unsigned long long arena_mb, chunk_kb;
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
+    unsigned long long proofs_ok, proofs_failed, outside_regions;
+    int require_proof; /* refuse HELLO without PROOF (docs/security.md) */
+    int extensions;    /* 0: the upstream dialect only (HELLO takes exactly the address) */
     /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
      * for the main thread to run the reply callback (both summed, in microseconds). */
     unsigned long long fabric_usec, unblock_usec;
-} G = {.default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
+} G = {.extensions = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
        .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
 static blob *blob_new(uint64_t len) {
@@ -111,28 +115,15 @@ static void type_aof_rewrite(RMIO *aof, RMString *key, void *v) {
     RM_EmitAOF(aof, LMCV_CMD_SET, "sb", key, blob_ptr(b), b->len);
 }
 
-/* ---- sessions: one fabric peer per client connection, created by HELLO --------------- */
-
-typedef struct {
-    unsigned long long client_id;
-    uint64_t peer;
-} session;
-static session *sessions;
-static size_t nsessions, capsessions;
-
-static session *session_find(unsigned long long id) {
-    for (size_t i = 0; i < nsessions; i++) if (sessions[i].client_id == id) return &sessions[i];
-    return NULL;
-}
+/* ---- sessions: one fabric peer per client connection, created by HELLO (session.c) -- */
 
 static void on_client_change(RMCtx *ctx, RMEvent e, uint64_t sub, void *data) {
     (void)ctx; (void)e;
     if (sub != RM_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || !G.fabric) return;
-    unsigned long long id = ((RMClientInfoHead *)data)->id;
-    session *s = session_find(id);
+    lmcv_session *s = lmcv_session_find(((RMClientInfoHead *)data)->id);
     if (!s) return;
     lmcv_fabric_forget_peer(G.fabric, s->peer);
-    *s = sessions[--nsessions];
+    lmcv_session_remove(s);
 }
 
 /* The server is exiting: stop the fabric thread and close libfabric now. Left running, the
@@ -299,17 +290,22 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
 
 /* ---- RMA transfers: blocked client <-> fabric thread --------------------------------- */
 
+/* What a transfer is for, which decides its reply. */
+enum { KIND_GET = 1, KIND_SET = 2, KIND_PROVE = 3 };
+
 typedef struct {
-    int op, status;
+    int kind, status;
     uint64_t inflight, obj_len, timeout_ms, finished_ns;
     uint32_t crc;
     long long px_ms;
     blob *obj; /* SET success: the reference the keyspace takes over */
+    unsigned char proof[LMCV_NONCE_BYTES]; /* PROVE: what the peer's memory held */
     char errmsg[96];
 } xfer_result;
 
 typedef struct {
     lmcv_xfer x;
+    int kind;
     uint64_t submitted_ns;
     RMBlockedClient *bc;
     blob *obj; /* the transfer's own reference */
@@ -321,7 +317,7 @@ static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
     pending *p = (pending *)x;
     xfer_result *r = calloc(1, sizeof(*r));
     if (!r) abort(); /* cannot reply without it; a lost reply would hang the client */
-    r->op = x->op;
+    r->kind = p->kind;
     r->status = status;
     r->inflight = inflight;
     r->obj_len = p->obj_len;
@@ -330,7 +326,11 @@ static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
     r->finished_ns = lmcv_now_ns();
     __atomic_add_fetch(&G.fabric_usec, (r->finished_ns - p->submitted_ns) / 1000, __ATOMIC_RELAXED);
     memcpy(r->errmsg, x->errmsg, sizeof(r->errmsg));
-    if (status == LMCV_XFER_OK && x->op == LMCV_XFER_READ) {
+    if (status == LMCV_XFER_OK && p->kind == KIND_PROVE) {
+        /* The bytes read back from the peer: compared with the nonce on the main thread. */
+        memcpy(r->proof, blob_ptr(p->obj), LMCV_NONCE_BYTES);
+    }
+    if (status == LMCV_XFER_OK && p->kind == KIND_SET) {
         /* CRC folded in on the fabric thread as chunks landed (fabric.c): the main
          * thread never scans large values. */
         p->obj->crc = x->crc;
@@ -347,10 +347,20 @@ static void xfer_release(lmcv_xfer *x) {
     free(p);
 }
 
+static int prove_reply(RMCtx *ctx, xfer_result *r);
+
+static int reply_server_addresses(RMCtx *ctx) {
+    /* The server's fabric addresses (one per device; this endpoint has one). */
+    RM_ReplyWithArray(ctx, 1);
+    const char *me = lmcv_fabric_name_hex(G.fabric);
+    return RM_ReplyWithStringBuffer(ctx, me, strlen(me));
+}
+
 static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     (void)argc;
     xfer_result *r = RM_GetBlockedClientPrivateData(ctx);
     G.unblock_usec += (lmcv_now_ns() - r->finished_ns) / 1000;
+    if (r->kind == KIND_PROVE) return prove_reply(ctx, r);
     if (r->status == LMCV_XFER_TIMEDOUT)
         return reply_fmt(ctx, LMCV_ERR_TIMEOUT, r->timeout_ms, r->inflight);
     if (r->status == LMCV_XFER_SHUTDOWN) return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
@@ -359,7 +369,7 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
         snprintf(msg, sizeof(msg), LMCV_ERR_XFER, r->errmsg);
         return RM_ReplyWithError(ctx, msg);
     }
-    if (r->op == LMCV_XFER_READ) {
+    if (r->kind == KIND_SET) {
         store_blob(ctx, argv[1], r->obj, r->px_ms);
         r->obj = NULL;
         return RM_ReplyWithSimpleString(ctx, "OK");
@@ -382,9 +392,11 @@ static void xfer_free(RMCtx *ctx, void *priv) {
 }
 
 /* Hands obj (one reference taken over) to the fabric thread and blocks the client. */
-static int start_xfer(RMCtx *ctx, int op, session *s, blob *obj, uint64_t len, req_args *a) {
+static int start_xfer(RMCtx *ctx, int kind, lmcv_session *s, blob *obj, uint64_t len, req_args *a) {
     pending *p = calloc(1, sizeof(*p));
     if (!p) { blob_unref(obj); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+    int op = kind == KIND_GET ? LMCV_XFER_WRITE : LMCV_XFER_READ;
+    p->kind = kind;
     p->obj = obj;
     p->obj_len = obj->len;
     p->timeout_ms = (uint64_t)a->timeout_ms;
@@ -397,7 +409,8 @@ static int start_xfer(RMCtx *ctx, int op, session *s, blob *obj, uint64_t len, r
     p->x.nsegs = a->nsegs;
     p->submitted_ns = lmcv_now_ns();
     p->x.deadline_ns = p->submitted_ns + (uint64_t)a->timeout_ms * 1000000ull;
-    p->x.want_crc = op == LMCV_XFER_READ;
+    p->x.want_crc = kind == KIND_SET;
+    p->x.quiet = kind == KIND_PROVE;
     p->x.finished = xfer_finished;
     p->x.release = xfer_release;
     p->bc = RM_BlockClient(ctx, xfer_reply, xfer_timeout, xfer_free, 0);
@@ -425,35 +438,140 @@ static int hex_nibble(char c) {
     return -1;
 }
 
+/* Hides argument i (a remote key, an address or a proof) from SLOWLOG and MONITOR. */
+static void redact(RMCtx *ctx, int i) {
+    if (RM_RedactClientCommandArgument) RM_RedactClientCommandArgument(ctx, i);
+}
+
+static int parse_hex(RMString *s, unsigned char *out, size_t cap, size_t *len) {
+    size_t n;
+    const char *hex = RM_StringPtrLen(s, &n);
+    if (n == 0 || n % 2 || n / 2 > cap) return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    *len = n / 2;
+    return 0;
+}
+
+/* HELLO <address hex> [PROOF] [REGION <rkey> <addr> <len>]...
+ * PROOF: the reply carries a fresh nonce and the session stays pending until the connection
+ * has the server read that nonce back from memory at the claimed address (PROVE): only
+ * the owner of the address can put it there, and nothing is ever written to an address that
+ * is not proven. REGION: the memory the peer lends; every later triple must lie inside one.
+ * Both are extensions: without them the command is the upstream one. */
 static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
-    if (argc != 2) return RM_WrongArity(ctx);
+    if (argc < 2 || (argc > 2 && !G.extensions)) return RM_WrongArity(ctx);
     if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
     if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
     unsigned long long id = RM_GetClientId(ctx);
-    if (session_find(id)) return RM_ReplyWithError(ctx, LMCV_ERR_HELLO_TWICE);
-    size_t n;
-    const char *hex = RM_StringPtrLen(argv[1], &n);
+    if (lmcv_session_find(id)) return RM_ReplyWithError(ctx, LMCV_ERR_HELLO_TWICE);
     unsigned char addr[512];
-    if (n == 0 || n % 2 || n / 2 > sizeof(addr)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
-    for (size_t i = 0; i < n / 2; i++) {
-        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
-        addr[i] = (unsigned char)(hi << 4 | lo);
+    size_t alen;
+    if (parse_hex(argv[1], addr, sizeof(addr), &alen)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    int proof = 0, nregions = 0;
+    lmcv_region regions[LMCV_MAX_REGIONS];
+    for (int i = 2; i < argc;) {
+        uint64_t k, ad, ln;
+        if (is_word(argv[i], LMCV_OPT_PROOF) && !proof) {
+            proof = 1;
+            i++;
+        } else if (is_word(argv[i], LMCV_OPT_REGION) && nregions < LMCV_MAX_REGIONS && i + 3 < argc &&
+                   !parse_u64(argv[i + 1], &k) && !parse_u64(argv[i + 2], &ad) && !parse_u64(argv[i + 3], &ln) &&
+                   ln > 0 && ad + ln > ad) {
+            regions[nregions++] = (lmcv_region){k, ad, ln};
+            redact(ctx, i + 1);
+            redact(ctx, i + 2);
+            i += 4;
+        } else {
+            G.refused++;
+            return RM_ReplyWithError(ctx, LMCV_ERR_SYNTAX);
+        }
     }
+    if (!proof && G.require_proof) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_PROOF_REQUIRED); }
+    unsigned char nonce[LMCV_NONCE_BYTES];
+    if (proof && lmcv_random(nonce, sizeof(nonce))) return RM_ReplyWithError(ctx, "ERR cannot draw a proof nonce");
     uint64_t peer;
-    if (lmcv_fabric_add_peer(G.fabric, addr, n / 2, &peer)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
-    if (nsessions == capsessions) {
-        size_t cap = capsessions ? capsessions * 2 : 16;
-        session *ns = realloc(sessions, cap * sizeof(*ns));
-        if (!ns) { lmcv_fabric_forget_peer(G.fabric, peer); return RM_ReplyWithError(ctx, "ERR out of memory"); }
-        sessions = ns;
-        capsessions = cap;
+    if (lmcv_fabric_add_peer(G.fabric, addr, alen, &peer)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    lmcv_session *s = lmcv_session_add(id, peer);
+    if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+    memcpy(s->regions, regions, sizeof(regions[0]) * (size_t)nregions);
+    s->nregions = nregions;
+    if (!proof) return reply_server_addresses(ctx);
+    s->state = LMCV_SESSION_PENDING;
+    memcpy(s->nonce, nonce, sizeof(nonce));
+    /* [[server addresses...], nonce] */
+    RM_ReplyWithArray(ctx, 2);
+    reply_server_addresses(ctx);
+    return RM_ReplyWithStringBuffer(ctx, (const char *)nonce, sizeof(nonce));
+}
+
+/* PROVE <rkey> <addr>: the server reads LMCV_NONCE_BYTES there, at the session's address,
+ * and compares them with the nonce of HELLO ... PROOF. One attempt per session. */
+static int cmd_prove(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 3 || !G.extensions) return RM_WrongArity(ctx);
+    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
+    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
+    redact(ctx, 1);
+    redact(ctx, 2);
+    lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
+    if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
+    if (s->state != LMCV_SESSION_PENDING) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NO_PROOF_PENDING); }
+    req_args a;
+    memset(&a, 0, sizeof(a));
+    if (parse_u64(argv[1], &a.segs[0].rkey) || parse_u64(argv[2], &a.segs[0].addr) ||
+        a.segs[0].addr + LMCV_NONCE_BYTES < a.segs[0].addr)
+        return reply_parse_error(ctx, -2);
+    a.segs[0].len = LMCV_NONCE_BYTES;
+    a.nsegs = 1;
+    a.timeout_ms = G.default_timeout_ms;
+    if (!lmcv_session_covers(s, a.segs, 1)) {
+        G.refused++;
+        G.outside_regions++;
+        return RM_ReplyWithError(ctx, LMCV_ERR_OUTSIDE_REGIONS);
     }
-    sessions[nsessions++] = (session){id, peer};
-    /* Reply: the server's fabric addresses (one per device; this endpoint has one). */
-    RM_ReplyWithArray(ctx, 1);
-    const char *me = lmcv_fabric_name_hex(G.fabric);
-    return RM_ReplyWithStringBuffer(ctx, me, strlen(me));
+    blob *b = blob_new(LMCV_NONCE_BYTES);
+    if (!b) return reply_fmt(ctx, LMCV_ERR_NOSPACE, LMCV_NONCE_BYTES, 0);
+    s->state = LMCV_SESSION_PROVING;
+    return start_xfer(ctx, KIND_PROVE, s, b, LMCV_NONCE_BYTES, &a);
+}
+
+static int prove_reply(RMCtx *ctx, xfer_result *r) {
+    lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
+    if (!s) return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO);
+    int ok = r->status == LMCV_XFER_OK && lmcv_session_prove(s, r->proof, sizeof(r->proof));
+    if (!ok) {
+        s->state = LMCV_SESSION_FAILED;
+        G.proofs_failed++;
+        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: client %llu failed to prove it owns the fabric address it claimed",
+               (unsigned long long)s->client_id);
+        return RM_ReplyWithError(ctx, LMCV_ERR_PROOF_WRONG);
+    }
+    G.proofs_ok++;
+    return RM_ReplyWithSimpleString(ctx, "OK");
+}
+
+/* The session behind an RMA command, checked: present, proven, triples inside its
+ * regions. NULL after replying the refusal. Redacts the triples' keys and addresses. */
+static lmcv_session *rma_session(RMCtx *ctx, int first_triple, req_args *a) {
+    if (!G.fabric) { RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC); return NULL; }
+    if (cannot_block(ctx)) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); return NULL; }
+    for (int i = 0; i < a->nsegs; i++) {
+        redact(ctx, first_triple + 3 * i);
+        redact(ctx, first_triple + 3 * i + 1);
+    }
+    lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
+    if (!s) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); return NULL; }
+    if (s->state != LMCV_SESSION_ACTIVE) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_NOT_PROVEN); return NULL; }
+    if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
+        G.refused++;
+        G.outside_regions++;
+        RM_ReplyWithError(ctx, LMCV_ERR_OUTSIDE_REGIONS);
+        return NULL;
+    }
+    return s;
 }
 
 static int cmd_set(RMCtx *ctx, RMString **argv, int argc) {
@@ -476,16 +594,14 @@ static int cmd_set(RMCtx *ctx, RMString **argv, int argc) {
     /* RMA: BLOB.SET key total_len (rkey addr len)+ [PX ms] [TIMEOUT ms] */
     uint64_t total;
     if (parse_u64(argv[2], &total)) return reply_parse_error(ctx, -1);
-    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
-    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
-    session *s = session_find(RM_GetClientId(ctx));
-    if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
+    lmcv_session *s = rma_session(ctx, 3, &a);
+    if (!s) return RM_OK;
     if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_fmt(ctx, LMCV_ERR_TOOLARGE, total, lmcv_arena_size(G.arena)); }
     if (a.window < total) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, total); }
     blob *b = blob_new(total);
     if (!b) { G.refused++; return reply_fmt(ctx, LMCV_ERR_NOSPACE, total, 0); }
     G.rma_sets++;
-    return start_xfer(ctx, LMCV_XFER_READ, s, b, total, &a);
+    return start_xfer(ctx, KIND_SET, s, b, total, &a);
 }
 
 static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
@@ -493,13 +609,8 @@ static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
     req_args a;
     int rc = parse_tail(argv, argc, 2, &a);
     if (rc) return reply_parse_error(ctx, rc);
-    session *s = NULL;
-    if (a.nsegs) { /* refuse before looking at the key: the client's set-up is wrong */
-        if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
-        if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
-        s = session_find(RM_GetClientId(ctx));
-        if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
-    }
+    lmcv_session *s = NULL;
+    if (a.nsegs && !(s = rma_session(ctx, 2, &a))) return RM_OK; /* refused before the key is looked at */
     RMKey *key;
     blob *b;
     int kind = open_blob_key(ctx, argv[1], RM_READ, &key, &b);
@@ -519,7 +630,7 @@ static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
     if (a.window < b->len && !a.partial) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, b->len); }
     blob_ref(b); /* the transfer's reference: DEL meanwhile leaves the bytes intact */
     G.rma_gets++;
-    return start_xfer(ctx, LMCV_XFER_WRITE, s, b, a.window < b->len ? a.window : b->len, &a);
+    return start_xfer(ctx, KIND_GET, s, b, a.window < b->len ? a.window : b->len, &a);
 }
 
 static int cmd_info(RMCtx *ctx, RMString **argv, int argc) {
@@ -546,7 +657,7 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "arena_bytes", lmcv_arena_size(G.arena));
     RM_InfoAddFieldULongLong(ctx, "arena_used_bytes", lmcv_arena_used(G.arena));
     RM_InfoAddFieldULongLong(ctx, "objects", G.objects);
-    RM_InfoAddFieldULongLong(ctx, "sessions", nsessions);
+    RM_InfoAddFieldULongLong(ctx, "sessions", lmcv_session_count());
     RM_InfoAddFieldULongLong(ctx, "peers", st.peers);
     RM_InfoAddFieldULongLong(ctx, "bulk_gets", G.bulk_gets);
     RM_InfoAddFieldULongLong(ctx, "bulk_sets", G.bulk_sets);
@@ -554,6 +665,11 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "rma_sets", G.rma_sets);
     RM_InfoAddFieldULongLong(ctx, "misses", G.misses);
     RM_InfoAddFieldULongLong(ctx, "refused", G.refused);
+    RM_InfoAddFieldULongLong(ctx, "require_proof", (unsigned long long)G.require_proof);
+    RM_InfoAddFieldULongLong(ctx, "extensions", (unsigned long long)G.extensions);
+    RM_InfoAddFieldULongLong(ctx, "proofs_ok", G.proofs_ok);
+    RM_InfoAddFieldULongLong(ctx, "proofs_failed", G.proofs_failed);
+    RM_InfoAddFieldULongLong(ctx, "outside_regions", G.outside_regions);
     RM_InfoAddFieldULongLong(ctx, "xfers_ok", st.xfers_ok);
     RM_InfoAddFieldULongLong(ctx, "xfers_failed", st.xfers_failed);
     RM_InfoAddFieldULongLong(ctx, "xfers_timedout", st.xfers_timedout);
@@ -582,8 +698,10 @@ typedef struct {
 } command_def;
 
 static const command_def COMMANDS[] = {
-    {LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, 2, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
      "Binds this connection to the client's fabric address (one fabric session per connection)"},
+    {LMCV_CMD_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
+     "Completes a HELLO with PROOF: the server reads its nonce back from the claimed address"},
     {LMCV_CMD_SET, cmd_set, "write deny-oom", 1, RM_CMD_KEY_OW | RM_CMD_KEY_UPDATE, -3, LMCV_ACL_CATEGORY,
      "Stores a value sent inline, or read by the server from registered client memory"},
     {LMCV_CMD_GET, cmd_get, "readonly", 1, RM_CMD_KEY_RO | RM_CMD_KEY_ACCESS, -2, LMCV_ACL_CATEGORY,
@@ -649,6 +767,10 @@ static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
         else if (!strcasecmp(k, "chunk_kb") && isnum && num > 0) G.chunk_kb = num;
         else if (!strcasecmp(k, "timeout_ms") && isnum && num > 0) G.default_timeout_ms = (long long)num;
         else if (!strcasecmp(k, "max_timeout_ms") && isnum && num > 0) G.max_timeout_ms = (long long)num;
+        else if (!strcasecmp(k, "require_proof") && (!strcasecmp(v, "yes") || !strcasecmp(v, "no")))
+            G.require_proof = !strcasecmp(v, "yes");
+        else if (!strcasecmp(k, "extensions") && (!strcasecmp(v, "yes") || !strcasecmp(v, "no")))
+            G.extensions = !strcasecmp(v, "yes");
         else { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: bad module argument %s=%s", k, v); return -1; }
     }
     if (argc % 2) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: module arguments come in key value pairs"); return -1; }
@@ -658,6 +780,10 @@ static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
 __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMString **argv, int argc) {
     if (rm_api_init(ctx, LMCV_MODULE_NAME, LMCV_MODULE_VERSION) != RM_OK) return RM_ERR;
     if (parse_module_args(ctx, argv, argc)) return RM_ERR;
+    if (G.require_proof && !G.extensions) {
+        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: require_proof yes needs extensions yes");
+        return RM_ERR;
+    }
     RMTypeMethods tm = {.version = RM_TYPE_METHOD_VERSION, .rdb_load = type_rdb_load, .rdb_save = type_rdb_save,
                         .aof_rewrite = type_aof_rewrite, .mem_usage = type_mem_usage, .free = type_free};
     RMType *type = RM_CreateDataType(ctx, LMCV_TYPE_NAME, LMCV_TYPE_ENCVER, &tm);

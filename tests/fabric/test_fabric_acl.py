@@ -11,21 +11,21 @@ import shutil
 import pytest
 import valkey
 
+from lmcache_valkey import acl
 from lmcache_valkey.errors import ServerError
 from lmcache_valkey.transport.fabric import FabricTransport, commands
 
 MiB = 1 << 20
 
-# The fabric addition to a tenant worker's ACL line (docs/security.md): the category where
-# the server supports module categories, else the commands by name.
-FABRIC_BY_CATEGORY = f"+@{commands.ACL_CATEGORY}"
-FABRIC_BY_NAME = " ".join(f"+{c.lower()}" for c in commands.ALL)
-BASE = "-@all +ping +exists +del"  # the part of the worker allow-list these tests use
+# A tenant worker's recommended ACL line (lmcache_valkey/acl.py) with the fabric addition:
+# the commands by name (every server), or the module's category (Valkey 9.1).
+BY_NAME = " ".join(f"+{c}" for c in acl.worker_commands(fabric=True))
+BY_CATEGORY = " ".join(f"+{c}" for c in acl.worker_commands()) + f" +@{commands.ACL_CATEGORY}"
 
 SERVERS = {
-    "valkey-9.1.2": (None, FABRIC_BY_CATEGORY),
-    "valkey-8.0": ("/usr/bin/valkey-server", FABRIC_BY_NAME),
-    "redis-7.0": ("/usr/bin/redis-server", FABRIC_BY_NAME),
+    "valkey-9.1.2": (None, BY_CATEGORY),
+    "valkey-8.0": ("/usr/bin/valkey-server", BY_NAME),
+    "redis-7.0": ("/usr/bin/redis-server", BY_NAME),
 }
 
 
@@ -35,12 +35,12 @@ def _tenant(c: valkey.Valkey, name: str, rules: str) -> None:
 
 @pytest.mark.parametrize("server", list(SERVERS))
 def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_server, server):
-    binary, fabric_rule = SERVERS[server]
+    binary, rules = SERVERS[server]
     if binary is not None and not shutil.which(binary):
         pytest.skip(f"{binary} not installed (scripts/setup.sh installs it)")
     srv = start_server("tcp;ofi_rxm", binary=binary)
     admin = srv.client()
-    _tenant(admin, "tenant-a", f"~lmcv:tenant-a:* {BASE} {fabric_rule}")
+    _tenant(admin, "tenant-a", f"resetchannels ~lmcv:tenant-a:* -@all {rules}")
     value = os.urandom(2 * MiB)
     admin.execute_command(commands.SET, "lmcv:tenant-b:k", b"b's chunk")
 
@@ -78,7 +78,7 @@ def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_serve
 def test_key_specs_let_read_only_patterns_confine_the_module_commands(start_server):
     srv = start_server("none")
     admin = srv.client()
-    _tenant(admin, "reader", f"%R~shared:* ~lmcv:reader:* {BASE} {FABRIC_BY_CATEGORY}")
+    _tenant(admin, "reader", f"%R~shared:* ~lmcv:reader:* -@all {BY_CATEGORY}")
     admin.execute_command(commands.SET, "shared:k", b"published")
     c = valkey.Valkey(port=srv.port, username="reader", password="reader-pw")
     assert c.execute_command(commands.GET, "shared:k") == b"published"

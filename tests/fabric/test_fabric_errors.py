@@ -12,6 +12,8 @@ import valkey
 from lmcache_valkey.errors import DeadlineExceeded, ServerError
 from lmcache_valkey.transport.fabric import (
     FabricTransport,
+    OutsideRegions,
+    commands,
     NoFabricSession,
     TransferFailed,
     UnregisteredBuffer,
@@ -43,6 +45,24 @@ def _untouched(mv: memoryview, start: int, end: int) -> bool:
     return mv[start:end].tobytes().count(GUARD) == end - start
 
 
+async def _upstream_style_command(srv, t: FabricTransport, *args, timeout: float = 2):
+    """Sends one command on a connection with a plain HELLO (the upstream dialect: no
+    declared regions, so the server's region check does not stand between a triple and the
+    provider) bound to the transport's own fabric address."""
+    def run():
+        c = valkey.Valkey(port=srv.port, single_connection_client=True, socket_timeout=timeout + 5)
+        try:
+            c.execute_command("BLOB.HELLO", t.endpoint.name.hex())
+            return c.execute_command(*args, "TIMEOUT", int(timeout * 1000))
+        finally:
+            c.close()
+
+    try:
+        return await asyncio.to_thread(run)
+    except valkey.ResponseError as exc:
+        raise commands.map_error(str(exc)) from None
+
+
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
 def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provider):
     srv = start_server(provider)
@@ -54,7 +74,8 @@ def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provide
             # tcp and sockets report the bad key; shm never completes the op, so the
             # server's deadline ends it (and the client's, whichever comes first).
             with pytest.raises((TransferFailed, DeadlineExceeded)):
-                await t.command("BLOB.GET", b"k", region.key + 1000, region.remote_addr(region.addr), MiB, timeout=2)
+                await _upstream_style_command(srv, t, "BLOB.GET", b"k", region.key + 1000,
+                                              region.remote_addr(region.addr), MiB)
             assert _untouched(mv, 0, 4 * MiB)
             # The client recovers: tcp;ofi_rxm tears its link down on a bad key and
             # reconnects within a moment. shm leaves the bad op pending forever and its
@@ -87,7 +108,7 @@ def test_window_past_the_registered_region_is_refused_by_the_provider(start_serv
             region = t.register(addr + 2 * MiB, 2 * MiB)
             start = region.remote_addr(region.addr + MiB)
             with pytest.raises((TransferFailed, DeadlineExceeded)):
-                await t.command("BLOB.GET", b"k", region.key, start, 2 * MiB, timeout=2)
+                await _upstream_style_command(srv, t, "BLOB.GET", b"k", region.key, start, 2 * MiB)
             # Nothing beyond the registered region moved (inside it, a provider may have
             # written the part of the window that was in range before failing).
             assert _untouched(mv, 4 * MiB, 6 * MiB) and _untouched(mv, 0, 2 * MiB)
@@ -111,7 +132,7 @@ def test_short_window_and_oversized_length_are_refused_before_any_byte_moves(sta
                 await t.command("BLOB.SET", b"k2", 2 * MiB, region.key, region.remote_addr(region.addr), MiB)
             # SET larger than the server's arena.
             with pytest.raises(ServerError, match="TOOLARGE"):
-                await t.command("BLOB.SET", b"k2", 64 * MiB, region.key, region.remote_addr(region.addr), 64 * MiB)
+                await t.command("BLOB.SET", b"k2", 64 * MiB, region.key, region.remote_addr(region.addr), 4 * MiB)
             # Malformed triples.
             with pytest.raises(ServerError, match="triples"):
                 await t.command("BLOB.GET", b"k", region.key, region.remote_addr(region.addr), 0)
@@ -155,7 +176,8 @@ def test_small_unregistered_header_is_staged_through_scratch(start_server):
             assert await t.get_into(b"k", [memoryview(hdr_out), mv[MiB:]], 5) == 512 + MiB
             assert hdr_out == header and mv[MiB:] == payload
             assert t.stats["staged"] == 2 and t.stats["bulk_fallbacks"] == 0
-            assert t._scratch.free == t._scratch.region.length // t._scratch.slot_bytes
+            scratch = t._link.scratch
+            assert scratch.free == scratch.region.length // scratch.slot_bytes
 
     asyncio.run(body())
     assert srv.info()["rma_gets"] == 1 and srv.info()["rma_sets"] == 1
@@ -215,7 +237,8 @@ def test_sessions_sharing_one_fabric_address_survive_each_other(start_server, pr
             await t.set_from(b"k", [mv[:MiB]], None, 5)
             await asyncio.gather(t.get_into(b"k", [mv[MiB : 2 * MiB]], 5), t.get_into(b"k", [mv[2 * MiB : 3 * MiB]], 5))
             assert srv.info()["sessions"] == 2 and srv.info()["peers"] == 1
-            await t._pool.drop(t._pool._idle.pop())  # end one session
+            pool = t._link.pool
+            await pool.drop(pool._idle.pop())  # end one session
             for _ in range(100):
                 if srv.info()["sessions"] == 1:
                     break
@@ -225,3 +248,27 @@ def test_sessions_sharing_one_fabric_address_survive_each_other(start_server, pr
             assert t.stats["bulk_fallbacks"] == 0 and srv.info()["xfers_failed"] == 0
 
     asyncio.run(body())
+
+
+def test_a_triple_outside_the_declared_regions_is_refused_before_any_transfer(start_server):
+    srv = start_server("tcp;ofi_rxm")
+    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, bulk_fallback=False) as t:
+            mv, region = _guarded_arena(t, 4 * MiB)
+            base = region.remote_addr(region.addr)
+            outside = [
+                (region.key, base + 3 * MiB + 1, MiB),  # runs past the region's end
+                (region.key ^ 1, base, MiB),  # another key
+                (region.key, base + 4 * MiB, 1),  # just past the end
+            ]
+            for rkey, addr, n in outside:
+                with pytest.raises(OutsideRegions):
+                    await t.command("BLOB.GET", b"k", rkey, addr, n)
+            assert _untouched(mv, 0, 4 * MiB)
+            assert await t.get_into(b"k", [mv[3 * MiB :]], 5) == MiB  # inside: fine
+
+    asyncio.run(body())
+    info = srv.info()
+    assert info["outside_regions"] == 3 and info["xfers_failed"] == 0 and info["xfers_ok"] == 1

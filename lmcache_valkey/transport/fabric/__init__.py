@@ -11,7 +11,16 @@ from lmcache_valkey.errors import FabricUnavailable
 
 from .binding import available, libfabric_version
 from .endpoint import PROVIDERS, FabricEndpoint, FabricError, MemoryRegion
-from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
+from . import commands
+from .errors import (
+    NoFabricSession,
+    OutsideRegions,
+    PeerNotProven,
+    ServerDeadline,
+    TransferFailed,
+    UnregisteredBuffer,
+    WindowTooSmall,
+)
 from .factory import open_fabric_transport
 from .transport import DATA_PATHS, FabricTransport
 
@@ -24,11 +33,14 @@ __all__ = [
     "FabricUnavailable",
     "MemoryRegion",
     "NoFabricSession",
+    "OutsideRegions",
+    "PeerNotProven",
     "ServerDeadline",
     "TransferFailed",
     "UnregisteredBuffer",
     "WindowTooSmall",
     "available",
+    "commands",
     "libfabric_version",
     "open_fabric_transport",
 ]

@@ -12,27 +12,60 @@ from collections.abc import Sequence
 
 from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ServerError, server_error
 
-from .errors import NoFabricSession, ServerDeadline, TransferFailed, WindowTooSmall
+from .errors import NoFabricSession, OutsideRegions, PeerNotProven, ServerDeadline, TransferFailed, WindowTooSmall
 
 HELLO = "BLOB.HELLO"
 SET = "BLOB.SET"
 GET = "BLOB.GET"
 INFO = "BLOB.INFO"
-DEL = "DEL"
-ALL = (HELLO, SET, GET, INFO)
+PROVE = "BLOB.RDMA_PROVE"  # extension: completes HELLO ... PROOF
+DELETE = "UNLINK"  # what the worker's ACL line already allows for its keys
+ALL = (HELLO, SET, GET, INFO, PROVE)
 ACL_CATEGORY = "largeobj"  # the module's ACL category (Valkey 9.1: +@largeobj)
 
 OPT_PX = "PX"
 OPT_TIMEOUT = "TIMEOUT"
 OPT_PARTIAL = "PARTIAL"
+OPT_PROOF = "PROOF"
+OPT_REGION = "REGION"
+
+NONCE_BYTES = 16
+MAX_REGIONS = 32
 
 MAX_TRIPLES = 64
 
 Triple = tuple[int, int, int]  # (rkey, remote addr, length)
 
 
-def hello(name: bytes) -> list[object]:
-    return [HELLO, name.hex()]
+def hello(name: bytes, proof: bool = False, regions: Sequence[Triple] = ()) -> list[object]:
+    """HELLO, with our extensions when asked: PROOF (the reply carries a nonce) and the
+    REGIONs this session may use. A server without them refuses the extended form."""
+    args: list[object] = [HELLO, name.hex()]
+    if proof:
+        args.append(OPT_PROOF)
+    for r in regions:
+        args += [OPT_REGION, *r]
+    return args
+
+
+def parse_hello_reply(reply: object, proof: bool) -> tuple[list[bytes], bytes | None]:
+    """(server fabric addresses, nonce): plain ``[addr, ...]``, or with PROOF
+    ``[[addr, ...], nonce]``."""
+    def addresses(items: object) -> list[bytes]:
+        if not isinstance(items, (list, tuple)):
+            raise ServerError(f"unexpected {HELLO} reply: {reply!r}")
+        return [bytes.fromhex(a.decode() if isinstance(a, bytes) else str(a)) for a in items]
+
+    if not proof:
+        return addresses(reply), None
+    if not (isinstance(reply, (list, tuple)) and len(reply) == 2 and isinstance(reply[1], bytes)
+            and len(reply[1]) == NONCE_BYTES):
+        raise ServerError(f"unexpected {HELLO} PROOF reply: {reply!r}")
+    return addresses(reply[0]), reply[1]
+
+
+def prove(rkey: int, addr: int) -> list[object]:
+    return [PROVE, rkey, addr]
 
 
 def get_rma(key: bytes, triples: Sequence[Triple], timeout_ms: int, partial: bool) -> list[object]:
@@ -83,6 +116,10 @@ def map_error(message: str) -> LmcacheValkeyError:
     code = message.split(" ", 1)[0]
     if code == "NOHELLO":
         return NoFabricSession(message)
+    if code == "NOPROOF":
+        return PeerNotProven(message)
+    if code == "BADREGION":
+        return OutsideRegions(message)
     if code == "BADWINDOW":
         return WindowTooSmall(message)
     if code == "XFERFAILED":

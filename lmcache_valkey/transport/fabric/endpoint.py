@@ -10,8 +10,8 @@ Never speaks RESP; knows nothing of keys (docs/fabric-threading.md).
 
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -79,11 +79,13 @@ class FabricEndpoint:
             lib.lmcv_ep_close(ep)
             raise FabricUnavailable(f"fi_getname: {self.strerror(rc)}")
         self.name: bytes = ffi.buffer(buf, n[0])[:]
-        self._keys = itertools.count(1)
         self._regions: list[MemoryRegion] = []
         self._peers: dict[bytes, int] = {}
         self._callbacks: dict[int, tuple[Callable[[int], None], Any]] = {}
         self._lock = threading.Lock()
+        # Held around every C call that uses the endpoint once it may be closed from another
+        # thread (a revoked link closes in an executor while the loop may still touch it).
+        self._ep_lock = threading.Lock()
         self._closing = False
         self._thread = threading.Thread(target=self._progress, name=f"fabric-progress-{self.provider}", daemon=True)
         self._thread.start()
@@ -102,7 +104,17 @@ class FabricEndpoint:
         ffi, lib = self._ffi, self._lib
         mr, key, desc = ffi.new("struct fid_mr **"), ffi.new("uint64_t *"), ffi.new("void **")
         iface = 1 if cuda_device is not None else 0
-        rc = lib.lmcv_mr_reg(self._ep, ffi.cast("void *", addr), length, iface, cuda_device or 0, next(self._keys), mr, key, desc)
+        # Remote keys are the only secret between a peer and this memory (addresses are often
+        # offsets from 0): ask for a random 64-bit key. Providers with FI_MR_PROV_KEY pick
+        # their own (docs/security.md). A collision with a key in use is retried.
+        for _ in range(8):
+            with self._ep_lock:
+                if self._ep is None:
+                    raise FabricError("the endpoint is closed")
+                rc = lib.lmcv_mr_reg(self._ep, ffi.cast("void *", addr), length, iface, cuda_device or 0,
+                                     secrets.randbits(64), mr, key, desc)
+            if rc != -lib.FI_ENOKEY:
+                break
         if rc:
             raise FabricError(f"fi_mr_reg({length} bytes at {addr:#x}): {self.strerror(rc)}")
         region = MemoryRegion(addr, length, int(key[0]), desc[0], bool(self.mr_mode & lib.FI_MR_VIRT_ADDR), cuda_device, mr[0], owner)
@@ -124,8 +136,14 @@ class FabricEndpoint:
                 self._regions.remove(region)
             else:
                 return
-        self._lib.lmcv_mr_close(region._mr)
+        with self._ep_lock:
+            if self._ep is not None:
+                self._lib.lmcv_mr_close(region._mr)
         _release_owner(region)
+
+    def regions(self) -> list[MemoryRegion]:
+        with self._lock:
+            return list(self._regions)
 
     def find_region(self, addr: int, length: int) -> MemoryRegion | None:
         with self._lock:
@@ -149,7 +167,10 @@ class FabricEndpoint:
             if name in self._peers:
                 return self._peers[name]
         out = self._ffi.new("uint64_t *")
-        rc = self._lib.lmcv_ep_av_insert(self._ep, name, out)
+        with self._ep_lock:
+            if self._ep is None:
+                raise FabricError("the endpoint is closed")
+            rc = self._lib.lmcv_ep_av_insert(self._ep, name, out)
         if rc:
             raise FabricError(f"fi_av_insert: {self.strerror(rc)}")
         with self._lock:
@@ -167,7 +188,10 @@ class FabricEndpoint:
         with self._lock:
             self._callbacks[cid] = (done, ctx)
         fn = self._lib.lmcv_ep_write if op == "write" else self._lib.lmcv_ep_read
-        rc = fn(self._ep, self._ffi.cast("void *", local_addr), length, region.desc, peer, raddr, rkey, ctx)
+        with self._ep_lock:
+            if self._ep is None:
+                raise FabricError("the endpoint is closed")
+            rc = fn(self._ep, self._ffi.cast("void *", local_addr), length, region.desc, peer, raddr, rkey, ctx)
         if rc == 0:
             return True
         with self._lock:
@@ -216,8 +240,16 @@ class FabricEndpoint:
     def strerror(self, rc: int) -> str:
         return self._ffi.string(self._lib.lmcv_strerror(rc)).decode()
 
+    @property
+    def closed(self) -> bool:
+        return self._ep is None
+
     def close(self) -> None:
-        """Stops the progress thread, deregisters every region and closes the endpoint."""
+        """Stops the progress thread, deregisters every region and closes the endpoint.
+
+        When it returns, no peer can reach memory registered here any more: the keys are
+        gone and so are the endpoint's connections, so a write still queued at a peer (a
+        paused server) fails at the peer instead of landing (docs/fabric-buffer-ownership.md)."""
         if self._closing:
             return
         self._closing = True
@@ -225,11 +257,13 @@ class FabricEndpoint:
         self._thread.join()
         with self._lock:
             regions, self._regions = self._regions, []
+        with self._ep_lock:
+            for r in regions:
+                self._lib.lmcv_mr_close(r._mr)
+            self._lib.lmcv_ep_close(self._ep)
+            self._ep = None
         for r in regions:
-            self._lib.lmcv_mr_close(r._mr)
             _release_owner(r)
-        self._lib.lmcv_ep_close(self._ep)
-        self._ep = None
 
     def __enter__(self) -> "FabricEndpoint":
         return self

@@ -7,6 +7,8 @@ from lmcache_valkey.errors import DeadlineExceeded, FabricUnavailable, ServerErr
 __all__ = [
     "FabricUnavailable",
     "NoFabricSession",
+    "PeerNotProven",
+    "OutsideRegions",
     "WindowTooSmall",
     "TransferFailed",
     "ServerDeadline",
@@ -18,6 +20,19 @@ class NoFabricSession(ServerError):
     """The server saw no BLOB.HELLO on this connection (NOHELLO)."""
 
     cause = "nohello"
+
+
+class PeerNotProven(NoFabricSession):
+    """The session's fabric address is not proven (NOPROOF): the server requires HELLO with
+    PROOF, or the proof was not answered or was wrong."""
+
+    cause = "noproof"
+
+
+class OutsideRegions(ServerError):
+    """A triple lies outside the regions the session declared at HELLO (BADREGION)."""
+
+    cause = "region"
 
 
 class WindowTooSmall(ServerError):

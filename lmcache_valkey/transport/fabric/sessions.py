@@ -1,6 +1,7 @@
-"""Control connections to the endpoint, each carrying one fabric session (HELLO sent once
-when it opens). valkey-py is imported here and nowhere else in this package; its errors
-are mapped here.
+"""Control connections to the endpoint, each carrying one fabric session (the handshake it
+is given -- HELLO and, where the server takes it, the address proof -- runs once when it
+opens). valkey-py is imported here and nowhere else in this package; its errors are mapped
+here.
 
 Valkey serves one blocked command per connection at a time, so the pool hands each
 operation a connection of its own. A connection that saw an error or cancellation in the
@@ -11,10 +12,9 @@ discarded on the way out of the pool. Knows nothing of buffers or RMA.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import valkey._parsers.base as vparsers
 import valkey.asyncio.connection as vconn
 import valkey.exceptions as vexc
 
@@ -23,18 +23,18 @@ from lmcache_valkey.errors import ConnectionLost, DeadlineExceeded, FabricUnavai
 from . import commands
 
 
-# valkey-py strips the code from error replies it maps to its own classes (NOPERM ->
-# NoPermissionError, "No permissions to access a key"); put the code back so our table
-# (lmcache_valkey.errors) classifies the reply as the server sent it.
-_CODES: dict[type, str] = {
-    cls: code for code, cls in vparsers.BaseParser.EXCEPTION_CLASSES.items() if isinstance(cls, type)
-}
+class _WholeErrorParser(vconn.DefaultParser):
+    """valkey-py strips the code from error replies it knows ("ERR", "NOPERM" ...), which
+    loses what our table (lmcache_valkey.errors, commands.map_error) classifies by: keep its
+    exception classes, with the server's text whole."""
+
+    @classmethod
+    def parse_error(cls, response: str) -> vexc.ResponseError:
+        exc = super().parse_error(response)
+        exc.args = (response,)
+        return exc
 
 
-def _reply_text(exc: vexc.ResponseError) -> str:
-    code = _CODES.get(type(exc))
-    text = str(exc)
-    return f"{code} {text}" if code and not text.startswith(code) else text
 
 
 class ErrorReply(Exception):
@@ -46,20 +46,26 @@ class ErrorReply(Exception):
 
 
 class Session:
-    def __init__(self, raw: vconn.Connection) -> None:
+    def __init__(self, raw: vconn.Connection, epoch: int) -> None:
         self.raw = raw
+        self.epoch = epoch
+
+
+# Sends one command on a connection being set up and returns its reply (ErrorReply raised).
+Send = Callable[[Sequence[Any]], Awaitable[Any]]
+Handshake = Callable[[Send], Awaitable[None]]
 
 
 class SessionPool:
-    def __init__(self, conn_kwargs: dict[str, Any], max_conns: int, hello_name: bytes | None,
-                 add_peer: Callable[[bytes], Any] | None) -> None:
-        self._kwargs = conn_kwargs
+    def __init__(self, conn_kwargs: dict[str, Any], max_conns: int, handshake: Handshake | None) -> None:
+        self._kwargs = {**conn_kwargs, "parser_class": _WholeErrorParser}
         self._max = max_conns
-        self._hello_name = hello_name
-        self._add_peer = add_peer
+        self._handshake = handshake
         self._idle: list[Session] = []
+        self._busy: set[Session] = set()
         self._sem: asyncio.Semaphore | None = None
         self._closed = False
+        self._epoch = 0  # sessions opened before invalidate() are not reused
         self.opened = 0
 
     @property
@@ -68,21 +74,27 @@ class SessionPool:
 
     async def _open(self) -> Session:
         raw = vconn.Connection(**self._kwargs)
+        epoch = self._epoch
+
+        async def send(args: Sequence[Any]) -> Any:
+            await raw.send_command(*args)
+            try:
+                return await raw.read_response()
+            except vexc.ResponseError as exc:
+                raise ErrorReply(str(exc)) from None
+
         try:
             await raw.connect()
-            if self._hello_name is not None:
-                await raw.send_command(*commands.hello(self._hello_name))
-                reply = await raw.read_response()
-                for name in reply or []:
-                    # Lets the provider reach the server too (EFA, shm); harmless for tcp.
-                    assert self._add_peer is not None
-                    self._add_peer(bytes.fromhex(name.decode() if isinstance(name, bytes) else name))
-        except vexc.ResponseError as exc:
+            if self._handshake is not None:
+                await self._handshake(send)
+        except vexc.AuthenticationError as exc:  # WRONGPASS, NOAUTH at connect
             await raw.disconnect()
-            msg = _reply_text(exc)
-            if "unknown command" in msg.lower():
-                raise FabricUnavailable(f"{self.where} has no {commands.HELLO} (load endpoint/build/lmcv_blob.so): {msg}") from exc
-            raise commands.map_error(msg) from exc
+            raise commands.map_error(str(exc)) from None
+        except ErrorReply as exc:
+            await raw.disconnect()
+            if "unknown command" in exc.message.lower():
+                raise FabricUnavailable(f"{self.where} has no {commands.HELLO} (load endpoint/build/lmcv_blob.so): {exc.message}") from None
+            raise commands.map_error(exc.message) from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
             await raw.disconnect()
             raise ConnectionLost(f"cannot connect to {self.where}: {exc}") from exc
@@ -90,7 +102,7 @@ class SessionPool:
             await raw.disconnect()
             raise
         self.opened += 1
-        return Session(raw)
+        return Session(raw, epoch)
 
     async def acquire(self, deadline: float) -> Session:
         if self._closed:
@@ -105,12 +117,15 @@ class SessionPool:
         while self._idle:
             s = self._idle.pop()
             reader = getattr(s.raw, "_reader", None)
-            if reader is not None and reader.at_eof():
-                await _close_raw(s)  # closed by the server while idle
+            if (reader is not None and reader.at_eof()) or s.epoch != self._epoch:
+                await _close_raw(s)  # closed by the server while idle, or set up for old registrations
                 continue
+            self._busy.add(s)
             return s
         try:
-            return await asyncio.wait_for(self._open(), max(0.001, deadline - loop.time()))
+            s = await asyncio.wait_for(self._open(), max(0.001, deadline - loop.time()))
+            self._busy.add(s)
+            return s
         except asyncio.TimeoutError:
             self._sem.release()
             raise DeadlineExceeded("connecting took past the deadline") from None
@@ -121,7 +136,8 @@ class SessionPool:
     def release(self, s: Session) -> None:
         assert self._sem is not None
         self._sem.release()
-        if self._closed:  # released after close(): close it rather than pool it
+        self._busy.discard(s)
+        if self._closed or s.epoch != self._epoch:  # close it rather than pool it
             asyncio.ensure_future(_close_raw(s))
             return
         self._idle.append(s)
@@ -129,7 +145,13 @@ class SessionPool:
     async def drop(self, s: Session) -> None:
         assert self._sem is not None
         self._sem.release()
+        self._busy.discard(s)
         await _close_raw(s)
+
+    def invalidate(self) -> None:
+        """Sessions opened so far are not handed out again (new ones run the handshake
+        anew, e.g. to declare memory registered since)."""
+        self._epoch += 1
 
     async def exchange(self, s: Session, args: Sequence[Any], wait_s: float) -> Any:
         """Sends one command and reads its reply (at most ``wait_s``). Raises ErrorReply for
@@ -142,7 +164,7 @@ class SessionPool:
             # The send is under the deadline too: a stalled peer must not hold the slot forever.
             return await asyncio.wait_for(send_and_read(), wait_s)
         except vexc.ResponseError as exc:
-            raise ErrorReply(_reply_text(exc)) from None
+            raise ErrorReply(str(exc)) from None
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"no reply to {args[0]} from {self.where} in {wait_s:.3f}s") from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
@@ -158,7 +180,7 @@ class SessionPool:
                 try:
                     out.append(await s.raw.read_response())
                 except vexc.ResponseError as exc:
-                    out.append(ErrorReply(_reply_text(exc)))
+                    out.append(ErrorReply(str(exc)))
             return out
 
         async def send_and_read() -> list[Any]:
@@ -174,9 +196,13 @@ class SessionPool:
         except vexc.ValkeyError as exc:
             raise TransportError(str(exc)) from exc
 
-    async def close(self) -> None:
+    async def close(self, *, abort: bool = False) -> None:
+        """Closes idle connections; ``abort`` closes those in use too, so that commands
+        waiting on them end at once (with ConnectionLost)."""
         self._closed = True
         idle, self._idle = self._idle, []
+        if abort:
+            idle += list(self._busy)
         for s in idle:
             await _close_raw(s)
 

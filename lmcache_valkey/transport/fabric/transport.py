@@ -2,20 +2,21 @@
 registered with libfabric, with the server doing the RMA.
 
 Ownership rule (docs/fabric-buffer-ownership.md): a buffer handed to ``get_into`` or
-``set_from`` stays referenced by this transport until the server's transfer is known to be
-over -- its reply arrived, or its deadline plus a grace period passed after the connection
-broke -- even when the caller's await was cancelled or timed out. If the server reports
-that operations were still in flight at its deadline, the buffers are quarantined
-(referenced until ``close()``, which deregisters the memory first) and counted.
+``set_from`` stays referenced by this transport until no transfer can touch it any more:
+the server's reply arrived (it answers once its operations drained), or -- when that cannot
+be confirmed (connection broken, no reply by the deadline plus a grace period, a TIMEOUT
+reporting operations still in flight) -- once the link the transfer used is revoked: its
+connections and its endpoint closed, so that no write a paused or lagging server still has
+queued can land. The next operations use a fresh link (new address, new keys).
 
-Control connections (and valkey-py) live in ``sessions``; this module decides what to send,
-where the bytes move, and when buffers may be let go.
+Control connections (and valkey-py) live in ``sessions``; endpoints, registrations and the
+handshake in ``link``; this module decides what to send, where the bytes move, and when
+buffers may be let go.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -33,8 +34,8 @@ from lmcache_valkey.errors import (
 
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
-from .errors import NoFabricSession, ServerDeadline, TransferFailed, UnregisteredBuffer, WindowTooSmall
-from .scratch import ScratchPool
+from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
+from .link import EndpointSpec, FabricLink, NoSlot, Plan, Range, byte_view
 from .sessions import ErrorReply, SessionPool
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,6 @@ class FabricTransport:
         hmem: bool = False,
         scratch_bytes: int = 1 << 20,
         bulk_fallback: bool = True,
-        endpoint: FabricEndpoint | None = None,
     ) -> None:
         if data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {DATA_PATHS}, got {data_path!r}")
@@ -80,129 +80,169 @@ class FabricTransport:
         self._connect_timeout = connect_timeout
         self._verify_crc = verify_crc
         self._grace = drain_grace_s
-        self._owns_endpoint = endpoint is None
-        self.endpoint: FabricEndpoint | None = None
-        self._scratch: ScratchPool | None = None
         self._bulk_fallback = bulk_fallback
-        if data_path == "rma":
-            self.endpoint = endpoint or FabricEndpoint(provider, bind_addr, hmem=hmem)
-            if scratch_bytes > 0:
-                try:
-                    self._scratch = ScratchPool(self.endpoint, scratch_bytes)
-                except BaseException:  # e.g. RLIMIT_MEMLOCK: do not leak the endpoint's thread
-                    if self._owns_endpoint:
-                        self.endpoint.close()
-                    raise
-        conn_kwargs = dict(
+        self._conn_kwargs = dict(
             host=host, port=port, db=db, username=username, password=password,
             socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
         )
-        ep = self.endpoint
-        self._pool = SessionPool(conn_kwargs, connections, ep.name if ep else None, ep.add_peer if ep else None)
-        self._tasks: set[asyncio.Task] = set()
-        self._held: dict[int, Any] = {}
-        self._held_ids = itertools.count()
-        self._quarantine: list[Any] = []
+        self._max_conns = connections
+        self._spec = EndpointSpec(provider, bind_addr, hmem)
+        self._scratch_bytes = scratch_bytes
+        self._ranges: list[Range] = []
+        self._generation = 0
+        self._link: FabricLink | None = None  # the link new operations use
+        self._links: set[FabricLink] = set()  # the current one and revoked ones still closing
+        self._opening: asyncio.Future | None = None
+        # Commands that move no bytes by RMA (bulk GET/SET, INFO, UNLINK, EXISTS) use plain
+        # connections: they work while a link is being replaced and need no fabric session.
+        self._plain_pool = SessionPool(self._conn_kwargs, connections, None)
+        if data_path == "rma":
+            self._link = self._adopt(self._build_link(1))
+        self._tasks: set[asyncio.Task] = set()  # operations
+        self._closers: set[asyncio.Task] = set()  # links being closed
         self._closed = False
-        self._stats = {"quarantined": 0, "held_after_disconnect": 0, "partial_retries": 0,
-                       "staged": 0, "bulk_fallbacks": 0}
+        self._stats = {"revocations": 0, "released_after_revocation": 0, "held_after_disconnect": 0,
+                       "partial_retries": 0, "staged": 0, "bulk_fallbacks": 0}
+        self._opened_before = 0  # connections opened by links already gone
 
-    # -- registration ---------------------------------------------------------------------
+    # -- links and registration -------------------------------------------------------------
+
+    def _build_link(self, generation: int) -> FabricLink:
+        """Opens an endpoint and registers every range on it (may run off the loop)."""
+        return FabricLink(self._spec, list(self._ranges), self._conn_kwargs, self._max_conns, self._scratch_bytes,
+                          generation)
+
+    def _adopt(self, link: FabricLink) -> FabricLink:
+        self._generation = link.generation
+        self._links.add(link)
+        return link
+
+    @property
+    def endpoint(self) -> FabricEndpoint | None:
+        """The endpoint of the current link (None in bulk mode or while a new one opens)."""
+        return self._link.endpoint if self._link is not None else None
 
     def register(self, addr: int, length: int, *, cuda_device: int | None = None) -> MemoryRegion:
-        """Registers [addr, addr+length) once (LMCache's whole arena); returns rkey/desc."""
-        return self._ep().register(addr, length, cuda_device=cuda_device)
+        """Registers [addr, addr+length) once (LMCache's whole arena); returns rkey/desc.
+        The range is registered again, under new keys, on every later link."""
+        return self._add_range(Range(addr=addr, length=length, cuda_device=cuda_device))
 
     def register_buffer(self, buf: Any) -> MemoryRegion:
-        return self._ep().register_buffer(buf)
+        return self._add_range(Range(buffer=buf))
 
-    def _ep(self) -> FabricEndpoint:
-        if self.endpoint is None:
+    def _add_range(self, r: Range) -> MemoryRegion:
+        link = self._rma_link()
+        region = link.register(r)
+        self._ranges.append(r)
+        return region
+
+    def _rma_link(self) -> FabricLink:
+        if self.data_path != "rma":
             raise FabricUnavailable("this FabricTransport uses the bulk data path; registration needs data_path='rma'")
-        return self.endpoint
+        if self._link is None:
+            raise TransportError("the fabric link is being replaced; register before the first operation")
+        return self._link
 
-    def _plan(self, bufs: Sequence[Any], writable: bool) -> "_Plan":
-        """Maps buffers to (rkey, addr, len) triples. Registered buffers are used in place;
-        a small unregistered one (the store's header) is staged through a scratch slot;
-        anything else raises UnregisteredBuffer, or _NoSlot when scratch is exhausted."""
-        ep = self._ep()
-        plan = _Plan()
+    async def _current_link(self, deadline: float) -> FabricLink:
+        """The link for a new operation; after a revocation, a new one (opened off the
+        loop: registering a large arena takes a while on some providers)."""
+        if self._link is not None and not self._link.revoked:
+            return self._link
+        loop = asyncio.get_running_loop()
+        if self._opening is None:
+            self._opening = loop.create_task(self._open_link(self._generation + 1))
         try:
-            for b in bufs:
-                mv = _byte_view(b)
-                if len(mv) == 0:
-                    continue
-                if writable and mv.readonly:
-                    raise UnregisteredBuffer("get_into needs writable buffers")
-                addr, n = ep.address_of(mv)
-                region = ep.find_region(addr, n)
-                target = mv
-                if region is None:
-                    slot = self._scratch.take(n) if self._scratch is not None else None
-                    if slot is None:
-                        if self._scratch is not None and n <= self._scratch.slot_bytes:
-                            raise _NoSlot()
-                        raise UnregisteredBuffer(
-                            f"buffer at {addr:#x} (+{n}) lies outside every registered region; register the arena first"
-                        )
-                    index, target = slot
-                    plan.slots.append(index)
-                    plan.staged.append((mv, target))
-                    if not writable:
-                        target[:] = mv
-                    addr, n = ep.address_of(target)
-                    region = self._scratch.region
-                plan.triples.append((region.key, region.remote_addr(addr), n))
-                plan.keep.append(mv)
-                plan.targets.append(target)
-            if len(plan.triples) > commands.MAX_TRIPLES:
-                raise ValueError(f"at most {commands.MAX_TRIPLES} buffers per operation")
-        except BaseException:
-            self._give_slots(plan)
-            raise
-        if plan.staged:
-            self._stats["staged"] += 1
-        return plan
+            return await asyncio.wait_for(asyncio.shield(self._opening), max(0.001, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded("a new fabric link was not ready before the deadline") from None
 
-    def _give_slots(self, plan: "_Plan") -> None:
-        if self._scratch is not None:
-            for index in plan.slots:
-                self._scratch.give(index)
-        plan.slots = []
+    async def _open_link(self, generation: int) -> FabricLink:
+        loop = asyncio.get_running_loop()
+        try:
+            link = await loop.run_in_executor(None, self._build_link, generation)
+        finally:
+            self._opening = None
+        self._adopt(link)
+        if self._closed:
+            self._close_soon(link)
+            raise ConnectionLost("the fabric transport is closed")
+        self._link = link
+        return link
+
+    def _revoke(self, link: FabricLink) -> None:
+        """No transfer on ``link`` may be trusted to be over: stop using it and close it;
+        buffers parked on it are released once its endpoint is closed."""
+        if link.revoked:
+            return
+        self._stats["revocations"] += 1
+        log.warning("fabric: a transfer's end could not be confirmed (server paused, gone or past its deadline): "
+                    "closing fabric link %d so that nothing can reach memory given back; a new link follows",
+                    link.generation)
+        self._close_soon(link)
+
+    def _close_soon(self, link: FabricLink) -> None:
+        link.revoked = True
+        if self._link is link:
+            self._link = None
+        task = asyncio.get_running_loop().create_task(self._close_link(link))
+        self._closers.add(task)
+        task.add_done_callback(_forget_task(self._closers))
+
+    async def _close_link(self, link: FabricLink) -> None:
+        try:
+            await link.close(asyncio.get_running_loop())
+        finally:
+            self._opened_before += link.pool.opened
+            self._links.discard(link)
+            parked, link.parked = link.parked, []
+            for _keep, over in parked:
+                self._stats["released_after_revocation"] += 1
+                over()
+
+    def _unconfirmed(self, link: FabricLink | None, keep: Any, over: Callable[[], None] | None) -> None:
+        """A transfer's end is unknown: its buffers go only once ``link`` is closed."""
+        if over is None and keep is None:
+            return
+        if link is None or link.closed:
+            if over:
+                over()
+            return
+        self._stats["held_after_disconnect"] += 1
+        link.parked.append((keep, over or (lambda: None)))
+        self._revoke(link)
 
     # -- connections ----------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Opens one connection (with HELLO in RMA mode): a cheap probe for ``auto``."""
-        session = await self._pool.acquire(asyncio.get_running_loop().time() + self._connect_timeout)
-        self._pool.release(session)
-
-    def _hold(self, keep: Any, seconds: float, over: Any = None) -> None:
-        """Keeps buffers referenced for ``seconds`` (server deadline + grace)."""
-        hid = next(self._held_ids)
-        self._held[hid] = keep
-        self._stats["held_after_disconnect"] += 1
-
-        def let_go() -> None:
-            self._held.pop(hid, None)
-            if over and not self._closed:
-                over()
-
-        asyncio.get_running_loop().call_later(seconds, let_go)
+        deadline = asyncio.get_running_loop().time() + self._connect_timeout
+        pool = self._plain_pool if self.data_path == "bulk" else (await self._current_link(deadline)).pool
+        session = await pool.acquire(deadline)
+        pool.release(session)
 
     # -- one operation --------------------------------------------------------------------
 
-    async def _op(self, args_for: Any, keep: Any, deadline: float, after: Any = None, over: Any = None) -> Any:
+    async def _op(self, link: Any, args_for: Any, keep: Any, deadline: float, after: Any = None,
+                  over: Any = None) -> Any:
         """Runs one command on a pooled connection. ``args_for(timeout_ms)`` builds it.
         Runs as its own task so that a cancelled caller never cuts it short.
 
+        ``link``: the link whose registrations the command's triples name; ``_SESSION``:
+        the current link (a command that needs a fabric session); None: a plain connection.
         ``after(reply)`` runs in this task once a reply arrived (copy-out of staged
         bytes); ``over()`` runs when the buffers in ``keep`` may be reused: at once after
-        a reply, after the server's deadline plus grace when the connection broke, never
-        for a quarantined transfer."""
+        a reply, after the link is closed when the end of the transfer is unknown."""
         loop = asyncio.get_running_loop()
         try:
-            session = await self._pool.acquire(deadline)
+            if link is _SESSION:
+                link = await self._current_link(deadline)
+            if link is None:
+                pool = self._plain_pool
+            else:
+                if link.revoked:
+                    raise ConnectionLost("the fabric link of this transfer was revoked before it started")
+                pool = link.pool
+            session = await pool.acquire(deadline)
         except BaseException:
             if over:
                 over()  # nothing was sent
@@ -213,37 +253,39 @@ class FabricTransport:
         try:
             args = args_for(server_ms)
             if args and args[0] is _PIPELINE:  # several plain commands, one round trip
-                reply = await self._pool.pipeline(session, args[1], wait_s)
+                reply = await pool.pipeline(session, args[1], wait_s)
             else:
-                reply = await self._pool.exchange(session, args, wait_s)
+                reply = await pool.exchange(session, args, wait_s)
         except ErrorReply as exc:
             err = commands.map_error(exc.message)
             if isinstance(err, TransferFailed):
                 # The provider may have torn down its link to us (tcp closes it on a bad
                 # key): start a fresh session on a new connection rather than reuse this one.
-                await self._pool.drop(session)
+                await pool.drop(session)
             else:
-                self._pool.release(session)  # the error reply was read whole: clean
+                pool.release(session)  # the error reply was read whole: clean
             if isinstance(err, ServerDeadline) and err.inflight:
-                self._quarantine.append(keep)
-                self._stats["quarantined"] += 1
+                self._unconfirmed(link, keep, over)  # operations still in flight at the server
             elif over:
                 over()
             raise err from None
         except BaseException:
-            await self._pool.drop(session)
-            # The server may still be moving bytes for this command until its deadline.
-            if keep is not None or over is not None:
-                self._hold(keep, wait_s, over)
+            await pool.drop(session)
+            # The server may still be moving bytes for this command: only a closed link stops it.
+            if link is not None:
+                self._unconfirmed(link, keep, over)
+            elif over:
+                over()
             raise
-        self._pool.release(session)
+        pool.release(session)
         try:
             return after(reply) if after else reply
         finally:
             if over:
                 over()
 
-    async def _call(self, args_for: Any, keep: Any, timeout: float, after: Any = None, over: Any = None) -> Any:
+    async def _call(self, args_for: Any, keep: Any, timeout: float, after: Any = None, over: Any = None,
+                    link: Any = None) -> Any:
         if self._closed:  # an op started during close() would outlive the endpoint it uses
             if over:
                 over()
@@ -253,7 +295,7 @@ class FabricTransport:
                 over()
             raise DeadlineExceeded("timeout must be positive")
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._op(args_for, keep, loop.time() + timeout, after, over))
+        task = loop.create_task(self._op(link, args_for, keep, loop.time() + timeout, after, over))
         self._tasks.add(task)
         task.add_done_callback(_forget_task(self._tasks))
         try:
@@ -272,8 +314,9 @@ class FabricTransport:
         capacity are dropped (``allow_partial=False`` raises WindowTooSmall instead).
         A fabric failure (or no free scratch slot) falls back to the bulk path within the
         same deadline. ``on_release()`` runs once no transfer can touch ``bufs`` any more
-        (right away after a reply; later if the caller was cancelled or timed out; never
-        if they were quarantined): the moment to hand a MemoryObj back to its allocator."""
+        (right away after a reply; later if the caller was cancelled or timed out, at the
+        latest once the link was revoked): the moment to hand a MemoryObj back to its
+        allocator."""
         rel = _Release(on_release)
         try:
             if self.data_path == "bulk":
@@ -289,9 +332,9 @@ class FabricTransport:
                     # Our endpoint's PARTIAL extension: fill the window, report the full length.
                     self._stats["partial_retries"] += 1
                     return await self._get_rma(key, bufs, deadline - loop.time(), rel, partial=True)
-            except _NoSlot:
+            except NoSlot:
                 return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
-            except (TransferFailed, NoFabricSession) as exc:
+            except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
                 if self._bulk_fallback and deadline - loop.time() > 0:
                     return await self._fallback_get(key, bufs, deadline, str(exc))
                 raise
@@ -299,7 +342,11 @@ class FabricTransport:
             rel.drop()
 
     async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, rel: "_Release", *, partial: bool) -> int | None:
-        plan = self._plan(bufs, writable=True)
+        loop = asyncio.get_running_loop()
+        link = await self._current_link(loop.time() + timeout)
+        plan = link.plan(bufs, writable=True)
+        if plan.staged:
+            self._stats["staged"] += 1
         if not plan.triples:
             info = await self.info(key, timeout)
             return None if info is None else info[0]
@@ -312,13 +359,13 @@ class FabricTransport:
             return reply
 
         def over() -> None:
-            self._give_slots(plan)
+            link.give_slots(plan)
             rel.drop()
 
         rel.hold()
         try:
             reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial), plan.keep, timeout,
-                                     after=copy_out, over=over)
+                                     after=copy_out, over=over, link=link)
         except BaseException:
             wanted[0] = False
             raise
@@ -348,25 +395,28 @@ class FabricTransport:
             return await self._set_bulk(key, parts, ttl_ms, timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        link = await self._current_link(deadline)
         try:
-            plan = self._plan(parts, writable=False)
-        except _NoSlot:
+            plan = link.plan(parts, writable=False)
+        except NoSlot:
             self._stats["bulk_fallbacks"] += 1
             return await self._set_bulk(key, parts, ttl_ms, timeout)
+        if plan.staged:
+            self._stats["staged"] += 1
         total = sum(t[2] for t in plan.triples)
         try:
             if not plan.triples:
-                self._give_slots(plan)
+                link.give_slots(plan)
                 reply = await self._call(lambda ms: commands.set_bulk(key, b"", ttl_ms), None, timeout)
             else:
                 def over() -> None:
-                    self._give_slots(plan)
+                    link.give_slots(plan)
                     rel.drop()
 
                 rel.hold()
                 reply = await self._call(lambda ms: commands.set_rma(key, total, plan.triples, ttl_ms, ms), plan.keep,
-                                         timeout, over=over)
-        except (TransferFailed, NoFabricSession) as exc:
+                                         timeout, over=over, link=link)
+        except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
             left = deadline - loop.time()
             if not (self._bulk_fallback and left > 0):
                 raise
@@ -384,7 +434,7 @@ class FabricTransport:
         return await self._get_bulk(key, bufs, left)
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
-        value = b"".join(bytes(_byte_view(p)) for p in parts)
+        value = b"".join(bytes(byte_view(p)) for p in parts)
         _expect_ok(await self._call(lambda ms: commands.set_bulk(key, value, ttl_ms), None, timeout))
 
     # -- the store's ChunkTransport protocol ------------------------------------------------
@@ -437,7 +487,7 @@ class FabricTransport:
         keys = list(keys)
         if not keys:
             return 0
-        return int(await self._call(lambda ms: [commands.DEL, *keys], None, timeout))
+        return int(await self._call(lambda ms: [commands.DELETE, *keys], None, timeout))
 
     async def info(self, key: bytes, timeout: float = 5.0) -> tuple[int, int] | None:
         """(length, crc32c) of a stored value, or None."""
@@ -450,19 +500,29 @@ class FabricTransport:
     async def command(self, *args: Any, timeout: float = 5.0) -> Any:
         """Sends one raw command on a pooled connection that carries a fabric session
         (diagnostics and dialect tests); error replies raise the mapped exception."""
-        return await self._call(lambda ms: list(args), None, timeout)
+        return await self._call(lambda ms: list(args), None, timeout, link=_SESSION)
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: quarantined, held_after_disconnect, partial_retries, staged,
-        bulk_fallbacks, connections (opened so far, each with its own HELLO)."""
-        return {**self._stats, "connections": self._pool.opened}
+        """Counters: revocations (links closed because a transfer's end was unknown),
+        held_after_disconnect (transfers whose buffers waited for that), released_after_revocation,
+        partial_retries, staged, bulk_fallbacks, connections (opened so far, each with its own
+        HELLO)."""
+        sessions = self._opened_before + sum(link.pool.opened for link in self._links)
+        return {**self._stats, "connections": sessions, "plain_connections": self._plain_pool.opened}
+
+    @property
+    def peer_proof(self) -> bool | None:
+        """Whether the server took our HELLO extensions (fabric address proved by a nonce,
+        transfers confined to declared regions); None before the first session, False
+        against a server without them (docs/security.md states what that leaves open)."""
+        return self._link.peer_proof if self._link is not None else None
 
     @property
     def pending_ops(self) -> int:
-        """Operations whose buffers this transport still holds (running, waiting out a
-        server deadline after a broken connection, or quarantined)."""
-        return len(self._tasks) + len(self._held) + len(self._quarantine)
+        """Operations whose buffers this transport still holds (running, or waiting for
+        the link they used to close)."""
+        return len(self._tasks) + sum(len(link.parked) for link in self._links)
 
     async def _get_bulk(self, key: bytes, bufs: list[memoryview], timeout: float) -> int | None:
         value = await self._call(lambda ms: commands.get_bulk(key), None, timeout)
@@ -470,7 +530,7 @@ class FabricTransport:
             return None
         off = 0
         for b in bufs:
-            mv = _byte_view(b)
+            mv = byte_view(b)
             n = min(len(mv), len(value) - off)
             if n <= 0:
                 break
@@ -480,26 +540,29 @@ class FabricTransport:
 
     def _check_crc(self, views: list[memoryview], obj_len: int, crc: int, key: bytes) -> None:
         # Staged buffers were copied out already, so the user's views hold the bytes.
-        if self._ep().crc32c(views, obj_len) != crc:
+        if self._rma_link().endpoint.crc32c(views, obj_len) != crc:
             raise CorruptChunk("crc", f"RMA GET of {key!r}: bytes in the buffers do not match the server's crc32c")
 
     async def close(self) -> None:
-        """Cancels running commands, closes connections, then deregisters memory and closes
-        the fabric endpoint; only then are held/quarantined buffers let go."""
+        """Cancels running commands, closes every link (connections, then the endpoint:
+        memory deregistered); only then are buffers of unconfirmed transfers let go."""
         if self._closed:
             return
         self._closed = True  # refuse new ops; running ones are cancelled below
-        tasks = list(self._tasks)
-        for t in tasks:
+        # Operations end first (their buffers park on their link), then every link closes.
+        ops = list(self._tasks)
+        for t in ops:
             t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        await self._pool.close()
-        if self.endpoint is not None and self._owns_endpoint:
-            # Blocking join of the progress thread (<= one wait period): off the loop.
-            await asyncio.get_running_loop().run_in_executor(None, self.endpoint.close)
-        self._held.clear()
-        self._quarantine.clear()
+        if ops:
+            await asyncio.gather(*ops, return_exceptions=True)
+        if self._opening is not None:
+            await asyncio.gather(self._opening, return_exceptions=True)
+        for link in list(self._links):
+            if not link.revoked:
+                self._close_soon(link)
+        while self._closers:
+            await asyncio.gather(*list(self._closers), return_exceptions=True)
+        await self._plain_pool.close()
 
     async def __aenter__(self) -> "FabricTransport":
         return self
@@ -531,26 +594,6 @@ class _Release:
                 log.exception("on_release callback failed")
 
 
-class _NoSlot(Exception):
-    """No scratch slot free for a small unregistered buffer: use the bulk path."""
-
-
-class _Plan:
-    __slots__ = ("triples", "keep", "targets", "staged", "slots")
-
-    def __init__(self) -> None:
-        self.triples: list[commands.Triple] = []
-        self.keep: list[memoryview] = []  # the caller's views, referenced until the transfer is over
-        self.targets: list[memoryview] = []  # where the bytes really move (view or scratch slot)
-        self.staged: list[tuple[memoryview, memoryview]] = []  # (caller's view, scratch slot)
-        self.slots: list[int] = []
-
-
-def _byte_view(b: Any) -> memoryview:
-    mv = b if isinstance(b, memoryview) else memoryview(b)
-    return mv if (mv.format == "B" and mv.ndim == 1) else mv.cast("B")
-
-
 def _expect_ok(reply: Any) -> None:
     if reply not in (b"OK", "OK", True):
         raise ServerError(f"unexpected {commands.SET} reply: {reply!r}")
@@ -565,6 +608,7 @@ def _as_result(value: Any) -> Any:
 
 
 _PIPELINE = object()  # marks a pipelined batch of plain commands in ``_op``
+_SESSION: Any = object()  # ``_op``'s link: whichever link is current
 
 
 def _forget_task(tasks: set[asyncio.Task]) -> Any:
