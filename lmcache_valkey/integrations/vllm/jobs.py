@@ -9,11 +9,10 @@ RMA write into the registered primary region).
 Buffer ownership (docs/layers.md): vLLM keeps a job's slots pinned until the tier reports
 the job. A job is reported only once nothing can touch its slots any more: with RESP that
 is when the store call returned; with RMA a missed block's slot is handed back by the
-store's ``on_release`` only when the server's transfer is known to be over, and the job
-waits for it. A transfer the server left in flight (quarantined) therefore keeps its job
-unreported rather than let vLLM reuse a slot the network may still write: ``drain`` then
-blocks visibly, as vLLM's contract asks, and ``close`` ends it by closing the store, which
-deregisters the memory first.
+store only when the server's transfer is known to be over (its reply, or the transport
+revoking the link it used: docs/fabric-buffer-ownership.md), and the job waits for it
+(``ChunkStore.load_into``). So a job never reports a slot the network may still write, and
+``drain`` is bounded by the deadlines (plus the fabric's drain grace).
 
 Never imports: ``vllm``. Keys arrive as :class:`ChunkRef`, slots as indices into the view.
 """
@@ -101,8 +100,8 @@ class JobRunner:
     def drain(self) -> None:
         """Block until every submitted job has finished (its outcome is then queued).
 
-        Bounded by the store's deadlines, except for an RMA transfer the server left in
-        flight (see the module docstring): that one is waited for, with a warning."""
+        Bounded by the store's deadlines (see the module docstring); a warning every few
+        seconds says what is still running."""
         started = time.monotonic()
         while True:
             with self._lock:
