@@ -14,7 +14,8 @@ Contract with LMCache's controllers (docs/lmcache-mp.md):
   or tier finishes it as failed/missed in bounded time.
 * L1 buffers: LMCache owns them and frees them when a task is reported done, so a load is
   reported only once no transfer can write into its buffers any more (with RMA the server
-  writes; see ``_load``). A store only reads them.
+  writes; see ``_load``): bounded by the store's deadline, and over fabric by the revocation
+  of a link whose transfer did not end in time. A store only reads them.
 * lookup-and-lock: a found chunk is locked until ``submit_unlock``: LMCache's eviction
   (``delete``) skips it and, with tiering, its RAM copy is not demoted and its lower-tier
   copies are pinned (a lease, bounded by ``lock_lease_s``). Valkey's own ``maxmemory``
@@ -39,6 +40,7 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
 
 from ... import metrics
+from ...errors import AuthError
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef
 from .config import LmcvL2AdapterConfig
@@ -87,10 +89,6 @@ class LmcvL2Adapter(L2AdapterInterface):
         s = self.settings
         self._store_deadline = s.op_timeout_s + 1.0
         self._lookup_deadline = s.lookup_timeout_s + 1.0
-        # A load is reported once its buffers are free: RMA transfers the server had in
-        # flight at the deadline end by the server's own deadline plus a grace.
-        self._load_deadline = s.op_timeout_s + 1.0
-        self._release_wait_s = s.op_timeout_s + 5.0
         log.info("lmcache-valkey L2 adapter connected to %s (tenant %s, namespace %s, transport %s, tiering %s)",
                  s.url_for_humans, s.tenant, self.namespace.digest, self.store.transport_name, config.tiering.mode)
 
@@ -218,43 +216,22 @@ class LmcvL2Adapter(L2AdapterInterface):
 
     async def _load(self, keys: list[ObjectKey], objects: list[Any], items: list[Any], want: list[Any]) -> Any:
         """Bytes land in the L1 objects themselves (RESP reads into them; with fabric the
-        server writes into the registered L1 arena). Reported only when every missed
-        buffer is free again: LMCache frees those objects when it sees the result."""
+        server writes into the registered L1 arena). ``load_into`` returns only once no
+        transfer can write into a missed object any more (at once over RESP; over fabric
+        after the server's reply or the revocation of the link, docs/fabric-buffer-ownership.md):
+        LMCache frees the missed objects as soon as it sees the result."""
         n = len(items)
-        busy = set(range(n))
-        free = asyncio.Event()
-
-        def released(i: int) -> None:
-            busy.discard(i)
-            if not busy:
-                free.set()
-
-        results: list[Any] = [None] * n
-        try:
-            results = await asyncio.wait_for(
-                self.store.get_many_into(items, on_release=released, accept=lambda i, meta: fits(meta, want[i])),
-                self._load_deadline,
-            )
-        except Exception as e:  # the store's own deadline failed to end it; misses
-            log.warning("lmcache-valkey: load of %d chunks failed: %s", n, e)
+        results = await self.store.load_into(items, accept=lambda i, meta: fits(meta, want[i]))
         bitmap = Bitmap(n)
         hits: list[ObjectKey] = []
         for i, r in enumerate(results):
             if r is None:
                 continue
-            released(i)  # a verified hit: its transfer is over
             if r.nbytes == objects[i].get_size():
                 bitmap.set(i)
                 hits.append(keys[i])
             else:  # a shorter chunk than the L1 object (never a partial hit in MP mode)
                 metrics.record_miss("ram", "truncated")
-        if busy:
-            try:
-                await asyncio.wait_for(free.wait(), self._release_wait_s)
-            except asyncio.TimeoutError:
-                log.error("lmcache-valkey: %d L1 buffers still targeted by RMA transfers the server left in "
-                          "flight after %.0fs; reporting the load as missed", len(busy), self._release_wait_s)
-                metrics.record_error("get", "fabric")
         if hits:
             self._notify_keys_accessed(hits)
         return bitmap
@@ -303,8 +280,11 @@ class LmcvL2Adapter(L2AdapterInterface):
                 it = self._cursors.pop(cursor, None)
                 if it is None:
                     raise ValueError(f"unknown or expired cursor {cursor!r}")
-        entries, more = self._session.run_sync(self._page(it, model_name, page_size),
-                                               timeout=self.settings.op_timeout_s * 4 + 1)
+        try:
+            entries, more = self._session.run_sync(self._page(it, model_name, page_size),
+                                                   timeout=self.settings.op_timeout_s * 4 + 1)
+        except AuthError as e:  # LMCache answers "listing unavailable" for this
+            raise NotImplementedError(f"listing needs SCAN in this worker's ACL user ({e})") from None
         token = None
         if more:
             with self._lock:
