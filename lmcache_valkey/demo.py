@@ -578,6 +578,11 @@ def _run_worker(role: str, url: str, args: argparse.Namespace, workdir: str,
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``lmcache-valkey demo`` (the CLI calls this, then :func:`run_demo`)."""
+    from .demo_mp import add_mp_arguments
+
+    parser.add_argument("--mode", choices=("inprocess", "mp"), default="inprocess",
+                        help="inprocess: two workers with LMCache inside (default); mp: two LMCache MP servers "
+                             "with this package's L2 adapter (lmcache_valkey/demo_mp.py)")
     parser.add_argument("--url", help="use this Valkey (valkey://host:port) instead of starting one")
     parser.add_argument("--repeats", type=int, default=2,
                         help="worker B reports the best of N runs of each path (default 2)")
@@ -590,6 +595,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="write both workers' numbers as JSON here")
     parser.add_argument("--verbose", action="store_true", help="show the workers' LMCache logs")
     _add_model_arguments(parser)
+    add_mp_arguments(parser)
 
 
 def _raise_interrupt(signum: int, _frame: Any) -> None:
@@ -603,7 +609,12 @@ def run_demo(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():  # SIGTERM, too, stops our server
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        rc = _run_demo(args, workdir)
+        if getattr(args, "mode", "inprocess") == "mp":
+            from .demo_mp import run_mp_demo
+
+            rc = run_mp_demo(args, workdir)
+        else:
+            rc = _run_demo(args, workdir)
         return rc
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
