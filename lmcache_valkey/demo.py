@@ -531,6 +531,16 @@ def embedded_valkey(workdir: str) -> Iterator[tuple[str, int, str]]:
         _stop(proc)
 
 
+def demo_valkey(es: contextlib.ExitStack, url: Optional[str], workdir: str, label: str) -> str:
+    """The demo's Valkey: ``url`` if given, else an embedded one stopped with ``es``; says which."""
+    if url:
+        print(f"{label}{url} (given)", flush=True)
+        return url
+    url, pid, version = es.enter_context(embedded_valkey(workdir))
+    print(f"{label}embedded valkey-server {version}, {url[len('valkey://'):]} (pid {pid})", flush=True)
+    return url
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is not None:
         return
@@ -637,12 +647,7 @@ def _run_demo(args: argparse.Namespace, workdir: str) -> int:
     t_start = time.monotonic()
     print("lmcache-valkey demo: worker B reuses the KV cache worker A computed, via Valkey", flush=True)
     with contextlib.ExitStack() as es:
-        if args.url:
-            url = args.url
-            print(f"  valkey  {url} (given)", flush=True)
-        else:
-            url, pid, version = es.enter_context(embedded_valkey(workdir))
-            print(f"  valkey  embedded valkey-server {version}, {url[len('valkey://'):]} (pid {pid})", flush=True)
+        url = demo_valkey(es, args.url, workdir, "  valkey  ")
         kv_chunk = 2 * spec.layers * args.chunk_size * spec.kv_heads * spec.head_dim * 4
         print(f"  model   {spec.describe()}", flush=True)
         print(f"  prompt  {args.prefix_tokens:,}-token shared prefix (system prompt + operations manual) "

@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator, Sequence
 
-from .demo import _free_port, _stop, embedded_valkey
+from .demo import _free_port, _stop, demo_valkey
 
 LMCACHE_CLI = "from lmcache.cli.main import main; main()"
 _CHECKSUM = re.compile(r"\[seq (\d+)/(cold|warm)\] CHECKSUM: ([0-9a-f]+)")
@@ -146,12 +146,7 @@ def run_mp_demo(args: argparse.Namespace, workdir: str) -> int:
     print("lmcache-valkey demo (MP mode): LMCache MP server B serves the KV that server A stored, via Valkey",
           flush=True)
     with contextlib.ExitStack() as es:
-        if args.url:
-            url = args.url
-            print(f"  valkey   {url} (given)", flush=True)
-        else:
-            url, pid, version = es.enter_context(embedded_valkey(workdir))
-            print(f"  valkey   embedded valkey-server {version}, {url[len('valkey://'):]} (pid {pid})", flush=True)
+        url = demo_valkey(es, args.url, workdir, "  valkey   ")
         print(f"  servers  two `lmcache server` processes (CPU), each with --l2-adapter "
               f"lmcache_valkey.integrations.lmcache_mp.LmcvL2Adapter, tenant {args.tenant}", flush=True)
         a, b = es.enter_context(mp_servers(url, args.tenant, args.chunk_size, workdir, args.server_timeout))
