@@ -19,6 +19,14 @@ intermediate copy. Layout, little-endian::
 
 Validation never raises on bad data: :func:`check` returns a
 :class:`~lmcache_valkey.errors.CorruptChunk` reason which the store counts as a miss.
+
+What the checks prove (docs/security.md, "Chunk integrity"): the CRCs catch accidents —
+a torn write, a flipped bit, a value cut short — and the digests catch a value stored
+under the wrong key or namespace. They are not a signature: whoever can write a tenant's
+keys can write a value that passes them. So the metadata is checked against what it
+describes (:func:`described_nbytes`: shapes × element sizes must be the payload length)
+and against what the reader can use (:class:`ChunkLayout`), and a chunk's integrity rests on
+write confinement (ACL users confined to their tenant's keys).
 """
 
 from __future__ import annotations
@@ -110,6 +118,71 @@ class ChunkMeta:
     key: str = ""  # LMCache key string (informational; may be truncated)
 
 
+# Bytes per element of the dtypes engines store, by name (``torch.`` prefix or not).
+_ITEMSIZE = {
+    **dict.fromkeys(("bool", "uint8", "int8", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                     "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"), 1),
+    **dict.fromkeys(("int16", "uint16", "float16", "half", "bfloat16", "short"), 2),
+    **dict.fromkeys(("int32", "uint32", "float32", "float", "int", "complex32"), 4),
+    **dict.fromkeys(("int64", "uint64", "float64", "double", "long", "complex64"), 8),
+    "complex128": 16,
+}
+
+
+def dtype_size(name: str) -> int | None:
+    """Bytes per element of a dtype named like ``torch.bfloat16`` or ``uint8``; None if unknown."""
+    return _ITEMSIZE.get(name[6:] if name.startswith("torch.") else name)
+
+
+def described_nbytes(meta: ChunkMeta) -> int | None:
+    """The payload length ``meta`` describes: the sum over its tensors of elements × element
+    size. None when a dtype is not one this module knows (then only the reader's own layout
+    check applies)."""
+    total = 0
+    for shape, dtype in zip(meta.shapes, meta.dtypes):
+        size = dtype_size(dtype)
+        if size is None:
+            return None
+        n = size
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """The layout every chunk of a namespace has, when the namespace's fingerprint covers it
+    (LMCache's in-process plugin, the vLLM tier): a stored chunk that does not fit it can
+    never be served there, whatever its checksums say.
+
+    ``dtypes`` and ``fmt`` match exactly; each shape matches exactly or, with ``token_dim``,
+    holds fewer tokens along that dimension only, the same number in every tensor (a
+    partial last chunk: 1 to all of the full chunk's tokens).
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    fmt: int
+    token_dim: int | None = None
+
+    def admits(self, meta: ChunkMeta) -> bool:
+        if meta.dtypes != self.dtypes or meta.fmt != self.fmt or len(meta.shapes) != len(self.shapes):
+            return False
+        tokens: set[int] = set()
+        for got, want in zip(meta.shapes, self.shapes):
+            if len(got) != len(want):
+                return False
+            for d, (g, w) in enumerate(zip(got, want)):
+                if d == self.token_dim:
+                    if not 0 < g <= w:
+                        return False
+                    tokens.add(g)
+                elif g != w:
+                    return False
+        return len(tokens) <= 1
+
+
 @dataclass(frozen=True)
 class Header:
     payload_len: int
@@ -179,6 +252,9 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
         )
     except Exception as e:  # malformed msgpack is corruption, never a crash
         raise CorruptChunk("crc", f"unreadable metadata ({e})") from None
+    if not meta.shapes or len(meta.shapes) != len(meta.dtypes) or any(d < 0 for s in meta.shapes for d in s):
+        raise CorruptChunk("meta", f"metadata describes no tensors ({len(meta.shapes)} shapes, "
+                                   f"{len(meta.dtypes)} dtypes, or a negative dimension)")
     return Header(plen, pcrc, created, ns, kd, meta)
 
 
@@ -204,6 +280,11 @@ def check(
         raise CorruptChunk("foreign", "chunk belongs to another namespace or key")
     if value_len - HEADER_SIZE != header.payload_len:
         raise CorruptChunk("truncated", f"value holds {value_len - HEADER_SIZE} payload bytes, header says {header.payload_len}")
+    described = described_nbytes(header.meta)
+    if header.payload_len == 0 or (described is not None and described != header.payload_len):
+        # A CRC over a cut or empty payload is just as valid: the metadata must describe it.
+        raise CorruptChunk("meta", f"{header.payload_len} payload bytes, metadata {header.meta.shapes} "
+                                   f"{header.meta.dtypes} describes {described}")
     if header.payload_len > capacity:
         raise CorruptChunk("oversized", f"payload of {header.payload_len} bytes for a {capacity}-byte buffer")
     if verify_crc and crc32c_parts(clip_parts(parts, header.payload_len)) != header.payload_crc:

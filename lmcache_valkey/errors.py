@@ -89,7 +89,9 @@ class CorruptChunk(LmcacheValkeyError):
     """A stored value failed validation (bad magic, CRC, length, or a foreign key).
 
     ``reason`` is one of ``truncated``, ``crc``, ``foreign``, ``oversized``,
-    ``format``, ``layout`` and is used as the metrics label of the counted miss.
+    ``format``, ``layout``, ``meta`` and is used as the metrics label of the counted miss.
+    ``format`` and ``layout`` values may be valid for other readers and stay; the others
+    can never be served and are deleted.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

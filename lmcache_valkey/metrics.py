@@ -88,7 +88,8 @@ MISS_CAUSES = (
     "truncated",  # shorter than its header says
     "foreign",  # header belongs to another namespace
     "format",  # unknown wire-format version
-    "layout",  # stored shapes/dtypes/format do not fit the reader's buffer
+    "layout",  # stored shapes/dtypes/format do not fit the reader's buffer (left in place)
+    "meta",  # header metadata contradicts its payload or its namespace's layout (deleted)
     "connection",  # connection lost or refused
     "acl",  # NOPERM / auth
     "oversized",  # larger than the destination buffer

@@ -201,6 +201,7 @@ class ChunkStore:
         items: Sequence[tuple[ChunkRef, Payload]],
         *,
         accept: Callable[[int, ChunkMeta], bool] | None = None,
+        layout: codec.ChunkLayout | None = None,
     ) -> list[GetResult | None]:
         """:meth:`get_many_into` for a caller that reuses a missed item's buffer as soon as it
         has the answer (an engine's own pool slot): returns only once no transfer can write
@@ -222,7 +223,7 @@ class ChunkStore:
         def on_release(_i: int) -> None:  # may run on a transport's thread
             loop.call_soon_threadsafe(note_release)
 
-        results = await self.get_many_into(items, on_release=on_release, accept=accept)
+        results = await self.get_many_into(items, on_release=on_release, accept=accept, layout=layout)
         misses = sum(r is None for r in results)
         if released < misses:
             await all_released.wait()
@@ -234,6 +235,7 @@ class ChunkStore:
         *,
         on_release: Callable[[int], None] | None = None,
         accept: Callable[[int, ChunkMeta], bool] | None = None,
+        layout: codec.ChunkLayout | None = None,
     ) -> list[GetResult | None]:
         """Read each chunk's payload into its buffer (or its parts, in order). Verified hits or
         ``None``; never raises for a miss.
@@ -246,6 +248,11 @@ class ChunkStore:
         ``accept(i, meta)``: whether item i's stored layout (shapes, dtypes, format from the
         chunk header) fits the caller's buffer; a refused chunk is a counted ``layout`` miss
         and stays in place (another deployment's valid chunk).
+
+        ``layout``: the layout every chunk of this namespace has (its fingerprint covers it).
+        A chunk that does not fit it can never be served here, whatever its checksums say: a
+        counted ``meta`` miss, deleted. Without it, only the header's own consistency is
+        checked (its shapes and dtypes describe exactly its payload length).
         """
         if not items:
             return []
@@ -253,7 +260,7 @@ class ChunkStore:
         deadline = started + self.settings.op_timeout_s
         rel = _Releases(len(items), on_release, getattr(self.transport, "supports_release_callbacks", False))
         try:
-            results = await self._read_round(items, deadline, rel=rel, accept=accept)
+            results = await self._read_round(items, deadline, rel=rel, accept=accept, layout=layout)
             if self.tiers is not None:
                 missing = [i for i, r in enumerate(results) if r is _ABSENT]
                 if missing:
@@ -261,7 +268,7 @@ class ChunkStore:
                     again = [i for i, ok in zip(missing, promoted) if ok]
                     if again:
                         second = await self._read_round([items[i] for i in again], deadline, tier="ram",
-                                                        rel=rel, index=again, accept=accept)
+                                                        rel=rel, index=again, accept=accept, layout=layout)
                         for i, r in zip(again, second):
                             results[i] = r
         except BaseException:
@@ -289,6 +296,7 @@ class ChunkStore:
         rel: "_Releases",
         index: Sequence[int] | None = None,
         accept: Callable[[int, ChunkMeta], bool] | None = None,
+        layout: codec.ChunkLayout | None = None,
     ) -> list[GetResult | None | object]:
         """One pass over the transport. Returns GetResult, None (counted miss) or _ABSENT."""
         headers = [bytearray(HEADER_SIZE) for _ in items]
@@ -333,6 +341,9 @@ class ChunkStore:
                 h = codec.decode_header(header)
                 codec.check(h, value_len, dest, self.namespace.digest_bytes, self.namespace.key_digest(ref.key_string),
                             verify_crc=False)
+                if layout is not None and not layout.admits(h.meta):
+                    raise CorruptChunk("meta", f"stored as {h.meta.shapes} {h.meta.dtypes} fmt {h.meta.fmt}, "
+                                               f"not a layout of this namespace")
                 if accept is not None and not accept(index[i] if index else i, h.meta):
                     raise CorruptChunk("layout", f"stored as {h.meta.shapes} {h.meta.dtypes} fmt {h.meta.fmt}")
             except CorruptChunk as e:
@@ -367,7 +378,9 @@ class ChunkStore:
             log.info("chunk %s is not for this reader (%s): a miss, left in place", key.decode(), e)
             return
         log.warning("chunk %s is unusable (%s): counted as a miss and deleted", key.decode(), e)
-        self._spawn(self._delete_bad(key))
+        # Metadata that cannot be right is the same in every tier's copy (they are copied
+        # verbatim): remove them all, or a lookup would go on finding the chunk.
+        self._spawn(self._delete_bad(key, everywhere=e.reason == "meta"))
 
     async def _promote(self, refs: Sequence[ChunkRef], deadline: float) -> list[bool]:
         assert self.tiers is not None
@@ -381,10 +394,13 @@ class ChunkStore:
         )
         return [g is True for g in got]
 
-    async def _delete_bad(self, key: bytes) -> None:
+    async def _delete_bad(self, key: bytes, everywhere: bool = False) -> None:
         try:
-            await self.transport.delete([key], timeout=self.settings.op_timeout_s)
-        except TransportError as e:
+            if everywhere and self.tiers is not None:
+                await self.delete([self.namespace.chunk_id_of(key)])
+            else:
+                await self.transport.delete([key], timeout=self.settings.op_timeout_s)
+        except (TransportError, asyncio.TimeoutError) as e:
             log.warning("could not delete bad chunk %s: %s", key.decode(), e)
 
     # --------------------------------------------------------------------- put
@@ -418,11 +434,18 @@ class ChunkStore:
     ) -> list[bool]:
         ok = [False] * len(items)
         slots = []
-        for i, (ref, _, payload) in enumerate(items):
+        for i, (ref, meta, payload) in enumerate(items):
             nbytes = codec.parts_nbytes(payload)
             if nbytes > self.settings.max_chunk_bytes:
                 log.warning("chunk %s of %d bytes exceeds max_chunk_bytes; not stored", ref.chunk_id, nbytes)
                 metrics.record_error("put", "oversized")
+                continue
+            described = codec.described_nbytes(meta)
+            if nbytes == 0 or (described is not None and described != nbytes):
+                # Every reader would refuse (and delete) it: an adapter bug, not worth a round trip.
+                log.warning("chunk %s not stored: %d payload bytes, metadata %s %s describes %s",
+                            ref.chunk_id, nbytes, meta.shapes, meta.dtypes, described)
+                metrics.record_error("put", "meta")
                 continue
             slots.append(i)
         crcs = await _payload_crcs([items[i][2] for i in slots], overlap=True)  # other chunks are sending

@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
+from lmcache_valkey import metrics
 from lmcache_valkey.integrations.lmcache.stack import Layout, Stack, build_stack
 
 SMALL = Layout(model="test-model", num_layers=4, num_kv_heads=2, head_dim=64, chunk_size=16, dtype=torch.bfloat16)
@@ -51,3 +52,12 @@ def filled(stack: Stack, seed: int) -> Any:
 
 def payload(obj: Any) -> bytes:
     return bytes(obj.byte_array)
+
+
+def miss_count(cause: str) -> float:
+    """Chunks missed in RAM for ``cause`` so far (``lmcache_valkey_misses_total``)."""
+    prefix = f'lmcache_valkey_misses_total{{cause="{cause}",tier="ram"}} '
+    for line in metrics.render_latest().decode().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return 0.0

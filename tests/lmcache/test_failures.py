@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from conftest_helpers import SMALL, allocated_bytes, filled, payload, put_and_wait
-from lmcache_valkey import metrics
+from conftest_helpers import SMALL, allocated_bytes, filled, miss_count, payload, put_and_wait
 from lmcache_valkey.integrations.lmcache.stack import Layout
 
 BIG = Layout(model="big", num_layers=32, num_kv_heads=8, head_dim=128, chunk_size=32)  # 4 MiB chunks
@@ -96,14 +95,6 @@ def test_server_killed_mid_batch_gives_misses_then_recovers(valkey_server, make_
         time.sleep(0.2)
     else:
         pytest.fail("no recovery after the server restarted")
-
-
-def miss_count(cause: str) -> float:
-    prefix = f'lmcache_valkey_misses_total{{cause="{cause}",tier="ram"}} '
-    for line in metrics.render_latest().decode().splitlines():
-        if line.startswith(prefix):
-            return float(line[len(prefix):])
-    return 0.0
 
 
 @pytest.mark.parametrize(

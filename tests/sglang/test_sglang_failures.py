@@ -9,6 +9,7 @@ import time
 
 import pytest
 from sglanghelp import fill_pages, indices, keys, make_pool, page_bytes, zero_pages
+from support.chunks import cut_short, relabelled, rewrite
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,3 +72,20 @@ def test_close_is_bounded_while_the_server_does_not_answer(valkey_server, backen
         assert backend.batch_exists(keys(1)) == 0  # closed: a miss, no error
     finally:
         os.kill(valkey_server.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("change", [cut_short, relabelled])
+def test_a_page_with_valid_checksums_but_lying_metadata_is_a_miss_and_deleted(valkey_server, backends, change) -> None:
+    """Rewritten by someone with the tenant's credentials: every CRC and digest checks out, but
+    the payload is not the page its metadata describes, or the metadata is not a page."""
+    pool = make_pool("mha", "page_first")
+    backend = backends(valkey_server.url, pool=pool)
+    ks = keys(1, f"lie-{change.__name__}")
+    fill_pages(pool, [0], seed=31)
+    assert backend.batch_set_v1(ks, indices(pool, [0])) == [True]
+    (key,) = [k for k in valkey_server.cmd("KEYS", "*") if b":c:{" in k]
+    rewrite(valkey_server, key, change)
+    zero_pages(pool, [4])
+    assert backend.batch_get_v1(ks, indices(pool, [4])) == [False]
+    wait_until(lambda: valkey_server.cmd("EXISTS", key) == 0)
+    assert backend.batch_exists(ks) == 0

@@ -16,8 +16,8 @@ from lmcache_valkey.store import ChunkRef, open_store
 pytestmark = pytest.mark.timeout(60)
 
 NS = make_namespace("lmcv", "default", {"model": "parts-test"})
-META = ChunkMeta(shapes=((2, 4, 64),), dtypes=("uint8",), fmt=0)
 SIZES = (100, 3000, 7, 65536 + 13)
+META = ChunkMeta(shapes=((sum(SIZES),),), dtypes=("uint8",), fmt=0)
 
 
 def ref(name: str) -> ChunkRef:
@@ -94,7 +94,8 @@ def test_a_value_too_large_for_the_parts_is_a_miss(valkey_server) -> None:
         store = await open_store(valkey_server.settings(transport="tcp"), NS)
         try:
             r = ref("large")
-            assert await store.put(r, META, memoryview(bytearray(os.urandom(sum(SIZES) + 1))))
+            meta = ChunkMeta(shapes=((sum(SIZES) + 1,),), dtypes=("uint8",), fmt=0)
+            assert await store.put(r, meta, memoryview(bytearray(os.urandom(sum(SIZES) + 1))))
             assert await store.get_into(r, split(bytearray(sum(SIZES)))) is None
         finally:
             await store.close()

@@ -9,13 +9,20 @@ from lmcache_valkey.codec import HEADER_SIZE, ChunkMeta
 from lmcache_valkey.errors import CorruptChunk
 from lmcache_valkey.keys import make_namespace
 
-META = ChunkMeta(shapes=((2, 4, 256, 128),), dtypes=("torch.bfloat16",), fmt=1, key="vllm@m@1@0@abc@bfloat16")
+
+
+def meta_for(tokens: int) -> ChunkMeta:
+    """LMCache's ``[2, layers, tokens, hidden]`` bfloat16 layout: 1024 bytes per token here."""
+    return ChunkMeta(shapes=((2, 4, tokens, 64),), dtypes=("torch.bfloat16",), fmt=1, key="vllm@m@1@0@abc@bfloat16")
+
+
+META = meta_for(4)  # a 4096-byte chunk
 NS = make_namespace("lmcv", "t", {"model": "m"})
 KD = NS.key_digest(META.key)
 
 
 def roundtrip(payload: bytes, buf_size: int | None = None):
-    header = codec.encode_header(META, payload, NS.digest_bytes, KD)
+    header = codec.encode_header(meta_for(len(payload) // 1024), payload, NS.digest_bytes, KD)
     value = bytes(header) + payload
     dest = bytearray(buf_size or len(payload))
     h = codec.decode_header(value[:HEADER_SIZE])
@@ -32,9 +39,9 @@ def test_roundtrip_keeps_metadata_and_bytes():
 
 
 def test_partial_chunk_in_full_buffer_is_accepted():
-    payload = os.urandom(1000)
+    payload = os.urandom(1024)
     h, dest = roundtrip(payload, buf_size=4096)
-    assert bytes(dest[:1000]) == payload
+    assert bytes(dest[:1024]) == payload
 
 
 def test_flipped_payload_bit_is_a_crc_miss():
@@ -58,7 +65,7 @@ def test_damaged_header_is_never_accepted(offset):
 
 def test_truncated_value_and_foreign_key_and_namespace():
     payload = os.urandom(2048)
-    header = codec.encode_header(META, payload, NS.digest_bytes, KD)
+    header = codec.encode_header(meta_for(2), payload, NS.digest_bytes, KD)
     h = codec.decode_header(header)
     with pytest.raises(CorruptChunk, match="truncated"):
         codec.check(h, HEADER_SIZE + 1000, memoryview(bytearray(2048)), NS.digest_bytes, KD)
@@ -99,3 +106,46 @@ def test_other_format_version_is_a_format_miss_not_foreign():
     with pytest.raises(CorruptChunk) as e:
         codec.decode_header(header)
     assert e.value.reason == "format"
+
+
+@pytest.mark.parametrize("payload_len", [0, 1, 1023, 3072, 4095, 5120])
+def test_a_payload_its_metadata_does_not_describe_is_refused_whatever_its_crc(payload_len):
+    """A 0-byte or cut payload with a CRC recomputed over what is left still fails: the
+    header's shapes and dtypes say 4096 bytes."""
+    payload = os.urandom(payload_len)
+    h = codec.decode_header(codec.encode_header(META, payload, NS.digest_bytes, KD))
+    with pytest.raises(CorruptChunk) as e:
+        codec.check(h, HEADER_SIZE + payload_len, memoryview(bytearray(8192)), NS.digest_bytes, KD)
+    assert e.value.reason == "meta"
+
+
+@pytest.mark.parametrize("meta", [
+    ChunkMeta(shapes=(), dtypes=(), fmt=1),
+    ChunkMeta(shapes=((4096,),), dtypes=("uint8", "uint8"), fmt=1),
+    ChunkMeta(shapes=((-4096,),), dtypes=("uint8",), fmt=1),
+])
+def test_metadata_that_describes_no_tensors_is_refused(meta):
+    header = codec.encode_header(meta, b"x" * 4096, NS.digest_bytes, KD)
+    with pytest.raises(CorruptChunk) as e:
+        codec.decode_header(header)
+    assert e.value.reason == "meta"
+
+
+def test_described_size_knows_engine_dtypes_and_leaves_unknown_ones_to_the_reader():
+    assert codec.described_nbytes(ChunkMeta(((2, 3),), ("torch.float8_e4m3fn",), 0)) == 6
+    assert codec.described_nbytes(ChunkMeta(((2, 3), (5,)), ("torch.float32", "bfloat16"), 0)) == 34
+    assert codec.described_nbytes(ChunkMeta(((7,),), ("torch.some_future_type",), 0)) is None
+
+
+def test_a_namespace_layout_admits_its_full_and_partial_chunks_only():
+    lay = codec.ChunkLayout(shapes=((2, 4, 256, 64), (2, 4, 256, 32)), dtypes=("torch.bfloat16",) * 2, fmt=1, token_dim=2)
+    fits = lambda shapes, dtypes=("torch.bfloat16",) * 2, fmt=1: lay.admits(ChunkMeta(shapes, dtypes, fmt))  # noqa: E731
+    assert fits(((2, 4, 256, 64), (2, 4, 256, 32)))
+    assert fits(((2, 4, 17, 64), (2, 4, 17, 32)))  # a partial last chunk
+    assert not fits(((2, 4, 17, 64), (2, 4, 18, 32)))  # tensors disagree on the token count
+    assert not fits(((2, 4, 0, 64), (2, 4, 0, 32)))  # no tokens
+    assert not fits(((2, 4, 257, 64), (2, 4, 257, 32)))  # more than a chunk
+    assert not fits(((2, 8, 128, 64), (2, 4, 256, 32)))  # another dimension
+    assert not fits(((2, 4, 256, 64), (2, 4, 256, 32)), ("torch.float16",) * 2)  # another dtype
+    assert not fits(((2, 4, 256, 64), (2, 4, 256, 32)), fmt=2)  # another format
+    assert not fits(((2, 4, 256, 64),), ("torch.bfloat16",))  # a group missing

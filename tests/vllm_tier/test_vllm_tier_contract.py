@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.chunks import cut_short, relabelled, rewrite
 from vllmhelp import BLOCK, SLOTS, Harness, block_bytes, keys
 
 from lmcache_valkey.errors import ConfigError
@@ -99,12 +100,7 @@ def test_a_failed_load_turns_the_requests_hit_into_a_miss_without_probing_again(
     assert h.lookup_and_wait(k, ReqContext(req_id="fresh")) == [LookupResult.MISS]
 
 
-def test_a_corrupt_block_is_a_failed_load_and_its_copy_is_deleted(harness, valkey_server) -> None:
-    h = harness()
-    k = keys("corrupt", 1)
-    h.store(k, [0])
-    (key,) = [x for x in valkey_server.cmd("KEYS", "lmcv:default:*") if b":c:{" in x]
-    valkey_server.cmd("SETRANGE", key, 512 + 1000, b"\xff\x00")  # flip payload bytes, same length
+def assert_failed_load_and_deleted(h, valkey_server, k, key: bytes) -> None:
     (r,) = h.load(k, [1])
     assert not r.success
     for _ in range(200):  # the bad copy is deleted in the background
@@ -113,6 +109,27 @@ def test_a_corrupt_block_is_a_failed_load_and_its_copy_is_deleted(harness, valke
         time.sleep(0.01)
     assert valkey_server.cmd("EXISTS", key) == 0
     assert h.lookup_and_wait(k, ReqContext(req_id="fresh")) == [LookupResult.MISS]
+
+
+def test_a_corrupt_block_is_a_failed_load_and_its_copy_is_deleted(harness, valkey_server) -> None:
+    h = harness()
+    k = keys("corrupt", 1)
+    h.store(k, [0])
+    (key,) = [x for x in valkey_server.cmd("KEYS", "lmcv:default:*") if b":c:{" in x]
+    valkey_server.cmd("SETRANGE", key, 512 + 1000, b"\xff\x00")  # flip payload bytes, same length
+    assert_failed_load_and_deleted(h, valkey_server, k, key)
+
+
+@pytest.mark.parametrize("change", [cut_short, relabelled])
+def test_a_block_with_valid_checksums_but_lying_metadata_is_a_failed_load_and_deleted(harness, valkey_server, change) -> None:
+    """Rewritten by someone with the tenant's credentials: every CRC and digest checks out, but
+    the payload is not the block its metadata describes, or the metadata is not a block."""
+    h = harness()
+    k = keys(f"lie-{change.__name__}", 1)
+    h.store(k, [0])
+    (key,) = [x for x in valkey_server.cmd("KEYS", "lmcv:default:*") if b":c:{" in x]
+    rewrite(valkey_server, key, change)
+    assert_failed_load_and_deleted(h, valkey_server, k, key)
 
 
 def test_a_slot_outside_the_primary_tier_fails_the_job(harness) -> None:

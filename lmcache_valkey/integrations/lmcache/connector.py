@@ -24,7 +24,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from ... import metrics
-from ...codec import ChunkMeta
+from ...codec import ChunkLayout, ChunkMeta
 from ...config import Settings
 from ...keys import Namespace
 from ...session import StoreSession, namespace_for
@@ -52,6 +52,23 @@ def namespace_fields(config: Any, metadata: Any, conn: RemoteConnector) -> dict[
     }
 
 
+def chunk_layout(config: Any, conn: RemoteConnector) -> ChunkLayout | None:
+    """What every chunk of this connector's namespace holds (the namespace covers shapes,
+    dtypes and format): a full chunk, or a partial last one with fewer tokens along LMCache's
+    token dimension (2 in ``[2|1, layers, tokens, hidden]``, else 0; its
+    ``reshape_partial_chunk``). With a compressing ``remote_serde`` the stored bytes have a
+    layout of their own: then only the header's own consistency is checked."""
+    if getattr(config, "remote_serde", None) not in (None, "naive"):
+        return None
+    shapes = tuple(tuple(int(d) for d in s) for s in conn.meta_shapes)
+    return ChunkLayout(
+        shapes=shapes,
+        dtypes=tuple(str(d) for d in conn.meta_dtypes),
+        fmt=int(conn.meta_fmt.value),
+        token_dim=2 if shapes and len(shapes[0]) == 4 else 0,
+    )
+
+
 class ValkeyRemoteConnector(RemoteConnector):
     def __init__(
         self, config: Any, metadata: Any, local_cpu_backend: Any, settings: Settings, tiering: Any = None
@@ -63,6 +80,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         self._session = StoreSession(settings, self.namespace, tiering, arena=self._arena())
         self._io = self._session.io
         self.store: ChunkStore = self._session.store
+        self._layout = chunk_layout(config, self)
         self._closed = False
         log.info(
             "lmcache-valkey connected to %s (tenant %s, namespace %s, transport %s)",
@@ -119,7 +137,8 @@ class ValkeyRemoteConnector(RemoteConnector):
         objs: list[Optional[MemoryObj]] = [self._allocate() for _ in keys]
         placed = [o for o in objs if o is not None]
         items = [(self._ref(k), o.byte_array) for k, o in zip(keys, objs) if o is not None]
-        results = await self.store.get_many_into(items, on_release=lambda i: placed[i].ref_count_down())
+        results = await self.store.get_many_into(items, on_release=lambda i: placed[i].ref_count_down(),
+                                                 layout=self._layout)
         it = iter(results)
         return [None if o is None else self._finish(o, next(it)) for o in objs]
 

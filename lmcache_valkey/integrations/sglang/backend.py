@@ -26,7 +26,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
-from ...codec import ChunkMeta
+from ...codec import ChunkLayout, ChunkMeta
 from ...errors import ConfigError, LmcacheValkeyError
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef, ChunkStore
@@ -127,8 +127,14 @@ class ValkeyHiCacheStorage(HiCacheStorage):
     def _lookup_timeout(self) -> float:
         return self.settings.store.lookup_timeout_s + _GRACE_S
 
+    @staticmethod
+    def _layout(fmt: PageFormat) -> ChunkLayout:
+        """How every page of a namespace (which covers the page format) is stored."""
+        return ChunkLayout(shapes=(fmt.shape,), dtypes=(fmt.dtype,), fmt=0)
+
     def _meta(self, key: str, fmt: PageFormat) -> ChunkMeta:
-        return ChunkMeta(shapes=(fmt.shape,), dtypes=(fmt.dtype,), fmt=0, key=key)
+        lay = self._layout(fmt)
+        return ChunkMeta(shapes=lay.shapes, dtypes=lay.dtypes, fmt=lay.fmt, key=key)
 
     # ---------------------------------------------------------------- lookups
 
@@ -195,11 +201,8 @@ class ValkeyHiCacheStorage(HiCacheStorage):
         """Read into the pool; return only once no transfer can still write into a missed page
         (SGLang reuses a missed page's slots as soon as this returns)."""
         fmt = pages.format
-
-        def accept(_i: int, meta: ChunkMeta) -> bool:  # a stored page of another layout is a miss
-            return meta.shapes == (fmt.shape,) and meta.dtypes == (fmt.dtype,)
-
-        results = await store.load_into(list(zip(refs, dests)), accept=accept)
+        # A stored value of another layout can never be a page here: a counted miss, deleted.
+        results = await store.load_into(list(zip(refs, dests)), layout=self._layout(fmt))
         ok = [r is not None and r.nbytes == fmt.nbytes for r in results]
         for ref, r, good in zip(refs, results, ok):
             if r is not None and not good:

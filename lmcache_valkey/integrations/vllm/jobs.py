@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...codec import ChunkMeta
+from ...codec import ChunkLayout, ChunkMeta
 from ...session import StoreSession
 from ...store import ChunkRef
 
@@ -60,6 +60,9 @@ class JobRunner:
         self._session = session
         self._view = view
         self._bs = block_bytes
+        # Every value of the namespace (which covers the block size) is one block of bytes:
+        # a value holding anything else can never be served here.
+        self._layout = ChunkLayout(shapes=((block_bytes,),), dtypes=("uint8",), fmt=0)
         self._slots = view.nbytes // block_bytes
         self._lock = threading.Lock()
         self._inflight: dict[int, concurrent.futures.Future[JobOutcome]] = {}
@@ -159,14 +162,15 @@ class JobRunner:
         return JobOutcome(job_id, load, tuple(ok), sum(ok) * self._bs, time.perf_counter() - submitted)
 
     async def _store(self, refs: list[ChunkRef], views: list[memoryview]) -> list[bool]:
-        items = [(r, ChunkMeta(shapes=((self._bs,),), dtypes=("uint8",), fmt=0, key=r.key_string), v)
+        lay = self._layout
+        items = [(r, ChunkMeta(shapes=lay.shapes, dtypes=lay.dtypes, fmt=lay.fmt, key=r.key_string), v)
                  for r, v in zip(refs, views)]
         return await self._session.store.put_many(items)
 
     async def _load(self, refs: list[ChunkRef], views: list[memoryview]) -> list[bool]:
         # RMA: the server may still be writing into a missed slot; the job is held until the
         # transport says its transfer is over (at once with RESP).
-        results = await self._session.store.load_into(list(zip(refs, views)))
+        results = await self._session.store.load_into(list(zip(refs, views)), layout=self._layout)
         ok = []
         for ref, r in zip(refs, results):
             good = r is not None and r.nbytes == self._bs
