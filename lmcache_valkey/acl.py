@@ -32,9 +32,11 @@ TIERD = ("get", "set", "pttl", "exists", "unlink", "scan", "object|idletime", "i
          "rpush", "pexpire", "eval", "hkeys", "hset", "hdel")
 # Valkey Cluster: the slot map and ASK redirections.
 CLUSTER = ("cluster|slots", "asking")
-# The fabric transport (docs/fabric-acl.md): the module's commands by name (every server;
-# Valkey 9.1 also takes their category, +@largeobj). It deletes with UNLINK, as WORKER.
-FABRIC = ("blob.hello", "blob.rdma_prove", "blob.set", "blob.get", "blob.info")
+# The fabric and blob-tcp transports (docs/fabric-acl.md): the large-object commands by name
+# (every server; Valkey 9.1 also takes their category, +@largeobj) and PEXPIRE (a TTL against
+# a server without our PX option). They delete with UNLINK, as WORKER.
+FABRIC = ("blob.rdma_hello", "blob.rdma_prove", "blob.rdma_set", "blob.rdma_get", "blob.tcp_set", "blob.tcp_get",
+          "blob.info", "pexpire")
 
 
 def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[str, ...]) -> str:

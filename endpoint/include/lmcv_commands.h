@@ -1,29 +1,45 @@
 /* The one place where the endpoint's command names and module identity live.
  * The Python side mirrors these in lmcache_valkey/transport/fabric/commands.py;
- * tests/fabric/test_dialect.py checks that the two lists agree.
- * Names follow the valkey-large-object BLOB.* family (docs/fabric-command-dialect.md). */
+ * tests/fabric/test_fabric_dialect.py checks that the two lists agree.
+ * The names and replies are valkey-large-object's (docs/fabric-command-dialect.md); the
+ * deprecated names of our earlier dialect stay for one release. */
 #ifndef LMCV_COMMANDS_H
 #define LMCV_COMMANDS_H
 
 #define LMCV_MODULE_NAME "lmcvblob"
-#define LMCV_MODULE_VERSION 1
+#define LMCV_MODULE_VERSION 2
 /* Module data type names must be exactly 9 characters. */
 #define LMCV_TYPE_NAME "lmcvblob0"
 /* 2: length, crc32c, bytes (1: bytes only, still loaded). */
 #define LMCV_TYPE_ENCVER 2
 
-#define LMCV_CMD_HELLO "BLOB.HELLO"
-#define LMCV_CMD_SET "BLOB.SET"
-#define LMCV_CMD_GET "BLOB.GET"
+/* The valkey-large-object command set. */
+#define LMCV_CMD_RDMA_HELLO "BLOB.RDMA_HELLO"
+#define LMCV_CMD_RDMA_SET "BLOB.RDMA_SET"
+#define LMCV_CMD_RDMA_GET "BLOB.RDMA_GET"
+#define LMCV_CMD_TCP_SET "BLOB.TCP_SET"
+#define LMCV_CMD_TCP_GET "BLOB.TCP_GET"
 #define LMCV_CMD_INFO "BLOB.INFO"
-/* Extension (docs/security.md): PROVE <rkey> <addr> completes HELLO ... PROOF. */
+/* Extension (docs/security.md): PROVE <rkey> <addr> completes RDMA_HELLO ... PROOF. */
 #define LMCV_CMD_PROVE "BLOB.RDMA_PROVE"
+
+/* Deprecated (one release): our earlier names. SET/GET pick bulk or RMA by their shape. */
+#define LMCV_CMD_LEGACY_HELLO "BLOB.HELLO"
+#define LMCV_CMD_LEGACY_SET "BLOB.SET"
+#define LMCV_CMD_LEGACY_GET "BLOB.GET"
 
 /* ACL category of every command (servers with module ACL categories: Valkey 8+):
  * the same name as valkey-large-object's, so one ACL rule serves either module. */
 #define LMCV_ACL_CATEGORY "largeobj"
 
-/* Trailing keyword options (after the triples). */
+/* Upstream option: RDMA_SET key total-len [CRC crc32c] triples... */
+#define LMCV_OPT_CRC "CRC"
+/* BLOB.INFO fields (the reply names them in lower case). */
+#define LMCV_INFO_LEN "LEN"
+#define LMCV_INFO_CRC "CRC"
+#define LMCV_INFO_TIER "TIER"
+
+/* Extensions, trailing keyword options (after the triples). */
 #define LMCV_OPT_PX "PX"           /* SET: expiry in milliseconds */
 #define LMCV_OPT_TIMEOUT "TIMEOUT" /* GET/SET: transfer deadline in milliseconds */
 #define LMCV_OPT_PARTIAL "PARTIAL" /* GET: write min(obj_len, window), reply obj_len */

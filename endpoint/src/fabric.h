@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LMCV_MAX_SEGS 64
+#define LMCV_MAX_SEGS 256 /* regions per command, as valkey-large-object allows */
 
 enum { LMCV_XFER_WRITE = 1, /* arena -> peer memory (GET) */
        LMCV_XFER_READ = 2 /* peer memory -> arena (SET) */ };

@@ -112,7 +112,8 @@ static void *type_rdb_load(RMIO *io, int encver) {
 }
 static void type_aof_rewrite(RMIO *aof, RMString *key, void *v) {
     blob *b = v;
-    RM_EmitAOF(aof, LMCV_CMD_SET, "sb", key, blob_ptr(b), b->len);
+    /* The deprecated name: it also takes the empty values encoding 1 could hold. */
+    RM_EmitAOF(aof, LMCV_CMD_LEGACY_SET, "sb", key, blob_ptr(b), b->len);
 }
 
 /* ---- sessions: one fabric peer per client connection, created by HELLO (session.c) -- */
@@ -185,6 +186,36 @@ static void take_back_stop_signals(RMCtx *ctx) {
     RM_CreateTimer(ctx, 100, stop_timer, NULL);
 }
 
+/* ---- error replies, in the dialect of the command that failed ------------------------ */
+
+/* UPSTREAM: the valkey-large-object names and strings; LEGACY: our deprecated names. */
+typedef enum { UPSTREAM = 0, LEGACY = 1 } dialect;
+
+#define LMCV_ERROR_ID(id, args, up, old) E_##id,
+typedef enum { LMCV_ERRORS(LMCV_ERROR_ID) E_COUNT } error_id;
+#undef LMCV_ERROR_ID
+#define LMCV_ERROR_TEXT(id, args, up, old) {up, old},
+static const char *const ERROR_TEXT[E_COUNT][2] = {LMCV_ERRORS(LMCV_ERROR_TEXT)};
+#undef LMCV_ERROR_TEXT
+
+/* Formats (a, b) into the message; a column may use fewer of them (lmcv_replies.h). */
+static int reply_err(RMCtx *ctx, dialect d, error_id e, unsigned long long a, unsigned long long b) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), ERROR_TEXT[e][d], a, b);
+    return RM_ReplyWithError(ctx, msg);
+}
+
+static int reply_err_s(RMCtx *ctx, dialect d, error_id e, const char *detail) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), ERROR_TEXT[e][d], detail);
+    return RM_ReplyWithError(ctx, msg);
+}
+
+static int refuse(RMCtx *ctx, dialect d, error_id e) {
+    G.refused++;
+    return reply_err(ctx, d, e, 0, 0);
+}
+
 /* ---- argument parsing ---------------------------------------------------------------- */
 
 static int parse_u64(RMString *s, uint64_t *out) {
@@ -214,50 +245,50 @@ typedef struct {
     uint64_t window;
     long long px_ms, timeout_ms;
     int partial;
+    int has_crc; /* RDMA_SET ... CRC <crc32c>: what the payload must hash to */
+    uint32_t want_crc;
 } req_args;
 
-/* Triples from argv[i], then keyword options. 0 ok, -1 syntax, -2 bad triple, -3 bad expiry. */
-static int parse_tail(RMString **argv, int argc, int i, req_args *a) {
+/* Triples from argv[i] (each field checked, as valkey-large-object names its refusals),
+ * then our keyword options: PX, TIMEOUT, PARTIAL. E_COUNT when all is well. */
+static error_id parse_tail(RMString **argv, int argc, int i, req_args *a) {
     memset(a, 0, sizeof(*a));
     a->timeout_ms = G.default_timeout_ms;
-    while (i + 2 < argc) {
+    while (i < argc) {
         uint64_t k, ad, ln;
-        if (parse_u64(argv[i], &k)) break;
-        if (parse_u64(argv[i + 1], &ad) || parse_u64(argv[i + 2], &ln)) return -2;
-        if (ln == 0 || ad + ln < ad || a->nsegs == LMCV_MAX_SEGS) return -2;
+        if (parse_u64(argv[i], &k)) {
+            if (a->nsegs || is_word(argv[i], LMCV_OPT_PX) || is_word(argv[i], LMCV_OPT_TIMEOUT) ||
+                is_word(argv[i], LMCV_OPT_PARTIAL))
+                break; /* the options (after the triples, if any) */
+            return i + 2 < argc ? E_RKEY : E_TRIPLES;
+        }
+        if (i + 2 >= argc) return E_TRIPLES;
+        if (a->nsegs == LMCV_MAX_SEGS) return E_TOO_MANY;
+        if (parse_u64(argv[i + 1], &ad)) return E_ADDR;
+        if (parse_u64(argv[i + 2], &ln) || ln == 0 || ad + ln < ad || a->window + ln < a->window) return E_ADDRLEN;
         a->segs[a->nsegs++] = (lmcv_seg){k, ad, ln};
-        if (a->window + ln < a->window) return -2;
         a->window += ln;
         i += 3;
     }
     while (i < argc) {
         uint64_t v;
+        if (!G.extensions) return a->nsegs ? E_TRIPLES : E_SYNTAX;
         if (is_word(argv[i], LMCV_OPT_PARTIAL)) { a->partial = 1; i++; continue; }
-        if (i + 1 >= argc || parse_u64(argv[i + 1], &v)) return -1;
+        if (i + 1 >= argc || parse_u64(argv[i + 1], &v)) return E_SYNTAX;
         if (is_word(argv[i], LMCV_OPT_PX)) {
             /* As the core SET: positive, and now + ms must not overflow (the expiry pass
              * asserts on a negative absolute time). */
             long long now = RM_Milliseconds();
-            if (v == 0 || v > (uint64_t)(LLONG_MAX - now)) return -3;
+            if (v == 0 || v > (uint64_t)(LLONG_MAX - now)) return E_EXPIRE;
             a->px_ms = (long long)v;
-        }
-        else if (is_word(argv[i], LMCV_OPT_TIMEOUT) && v > 0)
+        } else if (is_word(argv[i], LMCV_OPT_TIMEOUT) && v > 0) {
             a->timeout_ms = (long long)v < G.max_timeout_ms ? (long long)v : G.max_timeout_ms;
-        else return -1;
+        } else {
+            return E_SYNTAX;
+        }
         i += 2;
     }
-    return 0;
-}
-
-static int reply_fmt(RMCtx *ctx, const char *fmt, unsigned long long a, unsigned long long b) {
-    char msg[256];
-    snprintf(msg, sizeof(msg), fmt, a, b);
-    return RM_ReplyWithError(ctx, msg);
-}
-
-static int reply_parse_error(RMCtx *ctx, int rc) {
-    G.refused++;
-    return RM_ReplyWithError(ctx, rc == -2 ? LMCV_ERR_TRIPLES : rc == -3 ? LMCV_ERR_EXPIRE : LMCV_ERR_SYNTAX);
+    return E_COUNT;
 }
 
 /* Opens a key and classifies it: 1 ours, 0 empty, -1 another type (key stays open). */
@@ -269,6 +300,15 @@ static int open_blob_key(RMCtx *ctx, RMString *name, int mode, RMKey **key, blob
     if (t != RM_KEYTYPE_MODULE || RM_ModuleTypeGetType(*key) != G.type) return -1;
     *b = RM_ModuleTypeGetValue(*key);
     return 1;
+}
+
+/* 1 when name holds a value of another type (which the upstream dialect never replaces). */
+static int other_type(RMCtx *ctx, RMString *name) {
+    RMKey *key;
+    blob *b;
+    int kind = open_blob_key(ctx, name, RM_READ, &key, &b);
+    RM_CloseKey(key);
+    return kind < 0;
 }
 
 /* Stores b (taking over one reference) under name, replacing whatever was there. */
@@ -294,9 +334,10 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
 enum { KIND_GET = 1, KIND_SET = 2, KIND_PROVE = 3 };
 
 typedef struct {
-    int kind, status;
+    int kind, status, has_crc;
+    dialect d;
     uint64_t inflight, obj_len, timeout_ms, finished_ns;
-    uint32_t crc;
+    uint32_t crc, want_crc;
     long long px_ms;
     blob *obj; /* SET success: the reference the keyspace takes over */
     unsigned char proof[LMCV_NONCE_BYTES]; /* PROVE: what the peer's memory held */
@@ -305,7 +346,9 @@ typedef struct {
 
 typedef struct {
     lmcv_xfer x;
-    int kind;
+    int kind, has_crc;
+    dialect d;
+    uint32_t want_crc;
     uint64_t submitted_ns;
     RMBlockedClient *bc;
     blob *obj; /* the transfer's own reference */
@@ -318,6 +361,9 @@ static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
     xfer_result *r = calloc(1, sizeof(*r));
     if (!r) abort(); /* cannot reply without it; a lost reply would hang the client */
     r->kind = p->kind;
+    r->d = p->d;
+    r->has_crc = p->has_crc;
+    r->want_crc = p->want_crc;
     r->status = status;
     r->inflight = inflight;
     r->obj_len = p->obj_len;
@@ -361,15 +407,13 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     xfer_result *r = RM_GetBlockedClientPrivateData(ctx);
     G.unblock_usec += (lmcv_now_ns() - r->finished_ns) / 1000;
     if (r->kind == KIND_PROVE) return prove_reply(ctx, r);
-    if (r->status == LMCV_XFER_TIMEDOUT)
-        return reply_fmt(ctx, LMCV_ERR_TIMEOUT, r->timeout_ms, r->inflight);
-    if (r->status == LMCV_XFER_SHUTDOWN) return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
-    if (r->status != LMCV_XFER_OK) {
-        char msg[192];
-        snprintf(msg, sizeof(msg), LMCV_ERR_XFER, r->errmsg);
-        return RM_ReplyWithError(ctx, msg);
-    }
+    if (r->status == LMCV_XFER_TIMEDOUT) return reply_err(ctx, r->d, E_TIMEOUT, r->timeout_ms, r->inflight);
+    if (r->status == LMCV_XFER_SHUTDOWN) return reply_err(ctx, r->d, E_BUSY, 0, 0);
+    if (r->status != LMCV_XFER_OK)
+        return reply_err_s(ctx, r->d, r->kind == KIND_SET ? E_XFER_READ : E_XFER_WRITE, r->errmsg);
     if (r->kind == KIND_SET) {
+        if (r->has_crc && r->crc != r->want_crc) return refuse(ctx, r->d, E_CRC); /* xfer_free drops it */
+        if (r->d == UPSTREAM && other_type(ctx, argv[1])) return reply_err(ctx, r->d, E_WRONGTYPE, 0, 0);
         store_blob(ctx, argv[1], r->obj, r->px_ms);
         r->obj = NULL;
         return RM_ReplyWithSimpleString(ctx, "OK");
@@ -381,22 +425,25 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
 
 static int xfer_timeout(RMCtx *ctx, RMString **argv, int argc) {
     (void)argv; (void)argc; /* unused: we block without a server-side timeout */
-    return RM_ReplyWithError(ctx, LMCV_ERR_BUSY);
+    return RM_ReplyWithError(ctx, ERROR_TEXT[E_BUSY][UPSTREAM]);
 }
 
 static void xfer_free(RMCtx *ctx, void *priv) {
     (void)ctx;
     xfer_result *r = priv;
-    if (r->obj) blob_unref(r->obj); /* client went away before a SET could be stored */
+    if (r->obj) blob_unref(r->obj); /* client went away (or CRC refused) before a SET was stored */
     free(r);
 }
 
 /* Hands obj (one reference taken over) to the fabric thread and blocks the client. */
-static int start_xfer(RMCtx *ctx, int kind, lmcv_session *s, blob *obj, uint64_t len, req_args *a) {
+static int start_xfer(RMCtx *ctx, dialect d, int kind, lmcv_session *s, blob *obj, uint64_t len, req_args *a) {
     pending *p = calloc(1, sizeof(*p));
-    if (!p) { blob_unref(obj); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+    if (!p) { blob_unref(obj); return reply_err(ctx, d, E_OOM, 0, 0); }
     int op = kind == KIND_GET ? LMCV_XFER_WRITE : LMCV_XFER_READ;
     p->kind = kind;
+    p->d = d;
+    p->has_crc = a->has_crc;
+    p->want_crc = a->want_crc;
     p->obj = obj;
     p->obj_len = obj->len;
     p->timeout_ms = (uint64_t)a->timeout_ms;
@@ -405,7 +452,7 @@ static int start_xfer(RMCtx *ctx, int kind, lmcv_session *s, blob *obj, uint64_t
     p->x.peer = s->peer;
     p->x.local_off = (uint64_t)obj->off;
     p->x.len = len;
-    memcpy(p->x.segs, a->segs, sizeof(a->segs));
+    memcpy(p->x.segs, a->segs, sizeof(a->segs[0]) * (size_t)a->nsegs);
     p->x.nsegs = a->nsegs;
     p->submitted_ns = lmcv_now_ns();
     p->x.deadline_ns = p->submitted_ns + (uint64_t)a->timeout_ms * 1000000ull;
@@ -443,34 +490,37 @@ static void redact(RMCtx *ctx, int i) {
     if (RM_RedactClientCommandArgument) RM_RedactClientCommandArgument(ctx, i);
 }
 
-static int parse_hex(RMString *s, unsigned char *out, size_t cap, size_t *len) {
+/* 0, or the refusal: E_EMPTY_ADDR, E_BADHEX. */
+static error_id parse_hex(RMString *s, unsigned char *out, size_t cap, size_t *len) {
     size_t n;
     const char *hex = RM_StringPtrLen(s, &n);
-    if (n == 0 || n % 2 || n / 2 > cap) return -1;
+    if (n == 0) return E_EMPTY_ADDR;
+    if (n % 2 || n / 2 > cap) return E_BADHEX;
     for (size_t i = 0; i < n / 2; i++) {
         int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) return -1;
+        if (hi < 0 || lo < 0) return E_BADHEX;
         out[i] = (unsigned char)(hi << 4 | lo);
     }
     *len = n / 2;
-    return 0;
+    return E_COUNT;
 }
 
-/* HELLO <address hex> [PROOF] [REGION <rkey> <addr> <len>]...
+/* RDMA_HELLO <address hex> [PROOF] [REGION <rkey> <addr> <len>]...
  * PROOF: the reply carries a fresh nonce and the session stays pending until the connection
  * has the server read that nonce back from memory at the claimed address (PROVE): only
  * the owner of the address can put it there, and nothing is ever written to an address that
  * is not proven. REGION: the memory the peer lends; every later triple must lie inside one.
  * Both are extensions: without them the command is the upstream one. */
-static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
+static int do_hello(RMCtx *ctx, RMString **argv, int argc, dialect d) {
     if (argc < 2 || (argc > 2 && !G.extensions)) return RM_WrongArity(ctx);
-    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
-    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
+    if (!G.fabric) return reply_err(ctx, d, E_NOFABRIC, 0, 0);
+    if (cannot_block(ctx)) return refuse(ctx, d, E_CANTBLOCK);
     unsigned long long id = RM_GetClientId(ctx);
-    if (lmcv_session_find(id)) return RM_ReplyWithError(ctx, LMCV_ERR_HELLO_TWICE);
+    if (lmcv_session_find(id)) return reply_err(ctx, d, E_HELLO_TWICE, 0, 0);
     unsigned char addr[512];
-    size_t alen;
-    if (parse_hex(argv[1], addr, sizeof(addr), &alen)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    size_t alen = 0;
+    error_id e = parse_hex(argv[1], addr, sizeof(addr), &alen);
+    if (e != E_COUNT) return refuse(ctx, d, e);
     int proof = 0, nregions = 0;
     lmcv_region regions[LMCV_MAX_REGIONS];
     for (int i = 2; i < argc;) {
@@ -486,17 +536,16 @@ static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
             redact(ctx, i + 2);
             i += 4;
         } else {
-            G.refused++;
-            return RM_ReplyWithError(ctx, LMCV_ERR_SYNTAX);
+            return refuse(ctx, d, E_SYNTAX);
         }
     }
-    if (!proof && G.require_proof) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_PROOF_REQUIRED); }
+    if (!proof && G.require_proof) return refuse(ctx, d, E_PROOF_REQUIRED);
     unsigned char nonce[LMCV_NONCE_BYTES];
-    if (proof && lmcv_random(nonce, sizeof(nonce))) return RM_ReplyWithError(ctx, "ERR cannot draw a proof nonce");
+    if (proof && lmcv_random(nonce, sizeof(nonce))) return reply_err(ctx, d, E_OOM, 0, 0);
     uint64_t peer;
-    if (lmcv_fabric_add_peer(G.fabric, addr, alen, &peer)) return RM_ReplyWithError(ctx, LMCV_ERR_BADADDR);
+    if (lmcv_fabric_add_peer(G.fabric, addr, alen, &peer)) return refuse(ctx, d, E_BADADDR);
     lmcv_session *s = lmcv_session_add(id, peer);
-    if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); return RM_ReplyWithError(ctx, "ERR out of memory"); }
+    if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); return reply_err(ctx, d, E_OOM, 0, 0); }
     memcpy(s->regions, regions, sizeof(regions[0]) * (size_t)nregions);
     s->nregions = nregions;
     if (!proof) return reply_server_addresses(ctx);
@@ -508,46 +557,48 @@ static int cmd_hello(RMCtx *ctx, RMString **argv, int argc) {
     return RM_ReplyWithStringBuffer(ctx, (const char *)nonce, sizeof(nonce));
 }
 
+static int cmd_rdma_hello(RMCtx *ctx, RMString **argv, int argc) { return do_hello(ctx, argv, argc, UPSTREAM); }
+static int cmd_legacy_hello(RMCtx *ctx, RMString **argv, int argc) { return do_hello(ctx, argv, argc, LEGACY); }
+
 /* PROVE <rkey> <addr>: the server reads LMCV_NONCE_BYTES there, at the session's address,
  * and compares them with the nonce of HELLO ... PROOF. One attempt per session. */
 static int cmd_prove(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 3 || !G.extensions) return RM_WrongArity(ctx);
-    if (!G.fabric) return RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC);
-    if (cannot_block(ctx)) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); }
+    if (!G.fabric) return reply_err(ctx, UPSTREAM, E_NOFABRIC, 0, 0);
+    if (cannot_block(ctx)) return refuse(ctx, UPSTREAM, E_CANTBLOCK);
     redact(ctx, 1);
     redact(ctx, 2);
     lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
-    if (!s) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); }
-    if (s->state != LMCV_SESSION_PENDING) { G.refused++; return RM_ReplyWithError(ctx, LMCV_ERR_NO_PROOF_PENDING); }
+    if (!s) return refuse(ctx, UPSTREAM, E_NOHELLO);
+    if (s->state != LMCV_SESSION_PENDING) return refuse(ctx, UPSTREAM, E_NO_PROOF_PENDING);
     req_args a;
     memset(&a, 0, sizeof(a));
-    if (parse_u64(argv[1], &a.segs[0].rkey) || parse_u64(argv[2], &a.segs[0].addr) ||
-        a.segs[0].addr + LMCV_NONCE_BYTES < a.segs[0].addr)
-        return reply_parse_error(ctx, -2);
+    if (parse_u64(argv[1], &a.segs[0].rkey)) return refuse(ctx, UPSTREAM, E_RKEY);
+    if (parse_u64(argv[2], &a.segs[0].addr) || a.segs[0].addr + LMCV_NONCE_BYTES < a.segs[0].addr)
+        return refuse(ctx, UPSTREAM, E_ADDR);
     a.segs[0].len = LMCV_NONCE_BYTES;
     a.nsegs = 1;
     a.timeout_ms = G.default_timeout_ms;
     if (!lmcv_session_covers(s, a.segs, 1)) {
-        G.refused++;
         G.outside_regions++;
-        return RM_ReplyWithError(ctx, LMCV_ERR_OUTSIDE_REGIONS);
+        return refuse(ctx, UPSTREAM, E_OUTSIDE_REGIONS);
     }
     blob *b = blob_new(LMCV_NONCE_BYTES);
-    if (!b) return reply_fmt(ctx, LMCV_ERR_NOSPACE, LMCV_NONCE_BYTES, 0);
+    if (!b) return reply_err(ctx, UPSTREAM, E_NOSPACE, LMCV_NONCE_BYTES, 0);
     s->state = LMCV_SESSION_PROVING;
-    return start_xfer(ctx, KIND_PROVE, s, b, LMCV_NONCE_BYTES, &a);
+    return start_xfer(ctx, UPSTREAM, KIND_PROVE, s, b, LMCV_NONCE_BYTES, &a);
 }
 
 static int prove_reply(RMCtx *ctx, xfer_result *r) {
     lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
-    if (!s) return RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO);
+    if (!s) return reply_err(ctx, UPSTREAM, E_NOHELLO, 0, 0);
     int ok = r->status == LMCV_XFER_OK && lmcv_session_prove(s, r->proof, sizeof(r->proof));
     if (!ok) {
         s->state = LMCV_SESSION_FAILED;
         G.proofs_failed++;
         RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: client %llu failed to prove it owns the fabric address it claimed",
                (unsigned long long)s->client_id);
-        return RM_ReplyWithError(ctx, LMCV_ERR_PROOF_WRONG);
+        return reply_err(ctx, UPSTREAM, E_PROOF_WRONG, 0, 0);
     }
     G.proofs_ok++;
     return RM_ReplyWithSimpleString(ctx, "OK");
@@ -555,97 +606,172 @@ static int prove_reply(RMCtx *ctx, xfer_result *r) {
 
 /* The session behind an RMA command, checked: present, proven, triples inside its
  * regions. NULL after replying the refusal. Redacts the triples' keys and addresses. */
-static lmcv_session *rma_session(RMCtx *ctx, int first_triple, req_args *a) {
-    if (!G.fabric) { RM_ReplyWithError(ctx, LMCV_ERR_NOFABRIC); return NULL; }
-    if (cannot_block(ctx)) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_CANTBLOCK); return NULL; }
+static lmcv_session *rma_session(RMCtx *ctx, dialect d, int first_triple, req_args *a) {
+    if (!G.fabric) { reply_err(ctx, d, E_NOFABRIC, 0, 0); return NULL; }
+    if (cannot_block(ctx)) { refuse(ctx, d, E_CANTBLOCK); return NULL; }
     for (int i = 0; i < a->nsegs; i++) {
         redact(ctx, first_triple + 3 * i);
         redact(ctx, first_triple + 3 * i + 1);
     }
     lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
-    if (!s) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_NOHELLO); return NULL; }
-    if (s->state != LMCV_SESSION_ACTIVE) { G.refused++; RM_ReplyWithError(ctx, LMCV_ERR_NOT_PROVEN); return NULL; }
+    if (!s) { refuse(ctx, d, E_NOHELLO); return NULL; }
+    if (s->state != LMCV_SESSION_ACTIVE) { refuse(ctx, d, E_NOT_PROVEN); return NULL; }
     if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
-        G.refused++;
         G.outside_regions++;
-        RM_ReplyWithError(ctx, LMCV_ERR_OUTSIDE_REGIONS);
+        refuse(ctx, d, E_OUTSIDE_REGIONS);
         return NULL;
     }
     return s;
 }
 
-static int cmd_set(RMCtx *ctx, RMString **argv, int argc) {
-    if (argc < 3) return RM_WrongArity(ctx);
-    req_args a;
-    int rc = parse_tail(argv, argc, 3, &a);
-    if (rc) return reply_parse_error(ctx, rc);
-    if (a.nsegs == 0) { /* bulk: BLOB.SET key value [PX ms] */
-        size_t n;
-        const char *v = RM_StringPtrLen(argv[2], &n);
-        if (n > lmcv_arena_size(G.arena)) return reply_fmt(ctx, LMCV_ERR_TOOLARGE, n, lmcv_arena_size(G.arena));
-        blob *b = blob_new(n);
-        if (!b) return reply_fmt(ctx, LMCV_ERR_NOSPACE, n, 0);
-        memcpy(blob_ptr(b), v, n);
-        b->crc = lmcv_crc32c(0, v, n);
-        store_blob(ctx, argv[1], b, a.px_ms);
-        G.bulk_sets++;
-        return RM_ReplyWithSimpleString(ctx, "OK");
-    }
-    /* RMA: BLOB.SET key total_len (rkey addr len)+ [PX ms] [TIMEOUT ms] */
-    uint64_t total;
-    if (parse_u64(argv[2], &total)) return reply_parse_error(ctx, -1);
-    lmcv_session *s = rma_session(ctx, 3, &a);
-    if (!s) return RM_OK;
-    if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_fmt(ctx, LMCV_ERR_TOOLARGE, total, lmcv_arena_size(G.arena)); }
-    if (a.window < total) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, total); }
-    blob *b = blob_new(total);
-    if (!b) { G.refused++; return reply_fmt(ctx, LMCV_ERR_NOSPACE, total, 0); }
-    G.rma_sets++;
-    return start_xfer(ctx, KIND_SET, s, b, total, &a);
+/* Stores an inline value. The upstream dialect refuses an empty value and another type's key. */
+static int store_inline(RMCtx *ctx, dialect d, RMString *name, RMString *value, long long px_ms) {
+    size_t n;
+    const char *v = RM_StringPtrLen(value, &n);
+    if (d == UPSTREAM && n == 0) return refuse(ctx, d, E_ZERO_LENGTH);
+    if (n > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, d, E_TOOLARGE, n, lmcv_arena_size(G.arena)); }
+    if (d == UPSTREAM && other_type(ctx, name)) return reply_err(ctx, d, E_WRONGTYPE, 0, 0);
+    blob *b = blob_new(n);
+    if (!b) { G.refused++; return reply_err(ctx, d, E_NOSPACE, n, 0); }
+    memcpy(blob_ptr(b), v, n);
+    b->crc = lmcv_crc32c(0, v, n);
+    store_blob(ctx, name, b, px_ms);
+    G.bulk_sets++;
+    return RM_ReplyWithSimpleString(ctx, "OK");
 }
 
-static int cmd_get(RMCtx *ctx, RMString **argv, int argc) {
-    if (argc < 2) return RM_WrongArity(ctx);
+/* Starts an RMA SET of total bytes read from the triples in a (argv[first_triple]...). */
+static int start_rma_set(RMCtx *ctx, dialect d, RMString **argv, int first_triple, uint64_t total, req_args *a) {
+    lmcv_session *s = rma_session(ctx, d, first_triple, a);
+    if (!s) return RM_OK;
+    if (d == UPSTREAM && total == 0) return refuse(ctx, d, E_ZERO_LENGTH);
+    if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, d, E_TOOLARGE, total, lmcv_arena_size(G.arena)); }
+    if (a->window < total) { G.refused++; return reply_err(ctx, d, E_WINDOW, a->window, total); }
+    if (d == UPSTREAM && other_type(ctx, argv[1])) return reply_err(ctx, d, E_WRONGTYPE, 0, 0);
+    blob *b = blob_new(total);
+    if (!b) { G.refused++; return reply_err(ctx, d, E_NOSPACE, total, 0); }
+    G.rma_sets++;
+    return start_xfer(ctx, d, KIND_SET, s, b, total, a);
+}
+
+/* BLOB.TCP_SET key value [PX ms] */
+static int cmd_tcp_set(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 3 && !(argc == 5 && G.extensions)) return RM_WrongArity(ctx);
     req_args a;
-    int rc = parse_tail(argv, argc, 2, &a);
-    if (rc) return reply_parse_error(ctx, rc);
+    error_id e = parse_tail(argv, argc, 3, &a);
+    if (e != E_COUNT || a.nsegs) return refuse(ctx, UPSTREAM, e != E_COUNT ? e : E_SYNTAX);
+    return store_inline(ctx, UPSTREAM, argv[1], argv[2], a.px_ms);
+}
+
+/* BLOB.RDMA_SET key total-len [CRC crc32c] (rkey addr len)+ [PX ms] [TIMEOUT ms] */
+static int cmd_rdma_set(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 6) return RM_WrongArity(ctx);
+    uint64_t total, crc = 0;
+    if (parse_u64(argv[2], &total)) return refuse(ctx, UPSTREAM, E_LEN);
+    int first = 3, has_crc = 0;
+    if (is_word(argv[3], LMCV_OPT_CRC)) {
+        if (argc < 8 || parse_u64(argv[4], &crc) || crc > UINT32_MAX) return refuse(ctx, UPSTREAM, E_SYNTAX);
+        has_crc = 1;
+        first = 5;
+    }
+    req_args a;
+    error_id e = parse_tail(argv, argc, first, &a);
+    if (e != E_COUNT) return refuse(ctx, UPSTREAM, e);
+    if (!a.nsegs || a.partial) return refuse(ctx, UPSTREAM, E_TRIPLES);
+    a.has_crc = has_crc;
+    a.want_crc = (uint32_t)crc;
+    return start_rma_set(ctx, UPSTREAM, argv, first, total, &a);
+}
+
+/* Deprecated BLOB.SET: key value [PX ms] (bulk) or key total (rkey addr len)+ [PX] [TIMEOUT]. */
+static int cmd_legacy_set(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 3) return RM_WrongArity(ctx);
+    req_args a;
+    error_id e = parse_tail(argv, argc, 3, &a);
+    if (e != E_COUNT) return refuse(ctx, LEGACY, e);
+    if (a.nsegs == 0) return store_inline(ctx, LEGACY, argv[1], argv[2], a.px_ms);
+    uint64_t total;
+    if (parse_u64(argv[2], &total)) return refuse(ctx, LEGACY, E_SYNTAX);
+    return start_rma_set(ctx, LEGACY, argv, 3, total, &a);
+}
+
+/* GET of key: inline when a has no triples, else RMA into them. */
+static int do_get(RMCtx *ctx, RMString **argv, dialect d, req_args *a) {
     lmcv_session *s = NULL;
-    if (a.nsegs && !(s = rma_session(ctx, 2, &a))) return RM_OK; /* refused before the key is looked at */
+    if (a->nsegs && !(s = rma_session(ctx, d, 2, a))) return RM_OK; /* refused before the key is looked at */
     RMKey *key;
     blob *b;
     int kind = open_blob_key(ctx, argv[1], RM_READ, &key, &b);
     if (kind <= 0) {
         RM_CloseKey(key);
-        if (kind < 0) return RM_ReplyWithError(ctx, LMCV_ERR_WRONGTYPE);
+        if (kind < 0) return reply_err(ctx, d, E_WRONGTYPE, 0, 0);
         G.misses++;
         return RM_ReplyWithNull(ctx);
     }
-    if (!a.nsegs) {
+    if (!a->nsegs) {
         G.bulk_gets++;
         RM_ReplyWithStringBuffer(ctx, blob_ptr(b), b->len);
         RM_CloseKey(key);
         return RM_OK;
     }
     RM_CloseKey(key);
-    if (a.window < b->len && !a.partial) { G.refused++; return reply_fmt(ctx, LMCV_ERR_WINDOW, a.window, b->len); }
+    if (a->window < b->len && !a->partial) { G.refused++; return reply_err(ctx, d, E_WINDOW, a->window, b->len); }
     blob_ref(b); /* the transfer's reference: DEL meanwhile leaves the bytes intact */
     G.rma_gets++;
-    return start_xfer(ctx, KIND_GET, s, b, a.window < b->len ? a.window : b->len, &a);
+    return start_xfer(ctx, d, KIND_GET, s, b, a->window < b->len ? a->window : b->len, a);
 }
 
-static int cmd_info(RMCtx *ctx, RMString **argv, int argc) {
+/* BLOB.TCP_GET key */
+static int cmd_tcp_get(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 2) return RM_WrongArity(ctx);
+    req_args a;
+    memset(&a, 0, sizeof(a));
+    return do_get(ctx, argv, UPSTREAM, &a);
+}
+
+/* BLOB.RDMA_GET key (rkey addr len)+ [TIMEOUT ms] [PARTIAL] */
+static int cmd_rdma_get(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 5) return RM_WrongArity(ctx);
+    req_args a;
+    error_id e = parse_tail(argv, argc, 2, &a);
+    if (e != E_COUNT) return refuse(ctx, UPSTREAM, e);
+    if (!a.nsegs) return refuse(ctx, UPSTREAM, E_TRIPLES);
+    return do_get(ctx, argv, UPSTREAM, &a);
+}
+
+/* Deprecated BLOB.GET: key (bulk) or key (rkey addr len)+ [TIMEOUT ms] [PARTIAL]. */
+static int cmd_legacy_get(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc < 2) return RM_WrongArity(ctx);
+    req_args a;
+    error_id e = parse_tail(argv, argc, 2, &a);
+    if (e != E_COUNT) return refuse(ctx, LEGACY, e);
+    return do_get(ctx, argv, LEGACY, &a);
+}
+
+/* BLOB.INFO key [LEN | CRC | TIER]: all fields as a flat name/value array, or one value. */
+static int cmd_info(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 2 && argc != 3) return RM_WrongArity(ctx);
     RMKey *key;
     blob *b;
     int kind = open_blob_key(ctx, argv[1], RM_READ, &key, &b);
     RM_CloseKey(key);
-    if (kind < 0) return RM_ReplyWithError(ctx, LMCV_ERR_WRONGTYPE);
+    if (kind < 0) return reply_err(ctx, UPSTREAM, E_WRONGTYPE, 0, 0);
+    if (argc == 3 && !is_word(argv[2], LMCV_INFO_LEN) && !is_word(argv[2], LMCV_INFO_CRC) &&
+        !is_word(argv[2], LMCV_INFO_TIER))
+        return refuse(ctx, UPSTREAM, E_INFO_FIELD);
     if (kind == 0) return RM_ReplyWithNull(ctx);
-    RM_ReplyWithArray(ctx, 4);
-    RM_ReplyWithSimpleString(ctx, "length");
+    if (argc == 3) {
+        if (is_word(argv[2], LMCV_INFO_LEN)) return RM_ReplyWithLongLong(ctx, (long long)b->len);
+        if (is_word(argv[2], LMCV_INFO_CRC)) return RM_ReplyWithLongLong(ctx, (long long)b->crc);
+        return RM_ReplyWithSimpleString(ctx, "dram");
+    }
+    RM_ReplyWithArray(ctx, 6);
+    RM_ReplyWithSimpleString(ctx, "len");
     RM_ReplyWithLongLong(ctx, (long long)b->len);
-    RM_ReplyWithSimpleString(ctx, "crc32c");
-    return RM_ReplyWithLongLong(ctx, (long long)b->crc);
+    RM_ReplyWithSimpleString(ctx, "crc");
+    RM_ReplyWithLongLong(ctx, (long long)b->crc);
+    RM_ReplyWithSimpleString(ctx, "tier");
+    return RM_ReplyWithSimpleString(ctx, "dram"); /* one tier: the arena is DRAM */
 }
 
 static void info_func(RMInfoCtx *ctx, int for_crash_report) {
@@ -697,17 +823,29 @@ typedef struct {
     const char *summary;
 } command_def;
 
+#define RO_ACCESS (RM_CMD_KEY_RO | RM_CMD_KEY_ACCESS)
+#define OW_UPDATE (RM_CMD_KEY_OW | RM_CMD_KEY_UPDATE)
 static const command_def COMMANDS[] = {
-    {LMCV_CMD_HELLO, cmd_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
-     "Binds this connection to the client's fabric address (one fabric session per connection)"},
+    {LMCV_CMD_RDMA_HELLO, cmd_rdma_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
+     "Establishes an RDMA session for the current connection"},
+    {LMCV_CMD_RDMA_SET, cmd_rdma_set, "write deny-oom", 1, OW_UPDATE, -6, LMCV_ACL_CATEGORY,
+     "Stores a large object read by the server from client memory with RDMA"},
+    {LMCV_CMD_RDMA_GET, cmd_rdma_get, "readonly", 1, RO_ACCESS, -5, LMCV_ACL_CATEGORY,
+     "Writes a large object into client memory with RDMA"},
+    {LMCV_CMD_TCP_SET, cmd_tcp_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY,
+     "Stores a large object sent inline"},
+    {LMCV_CMD_TCP_GET, cmd_tcp_get, "readonly", 1, RO_ACCESS, 2, LMCV_ACL_CATEGORY,
+     "Returns a large object inline"},
+    {LMCV_CMD_INFO, cmd_info, "readonly fast", 1, RM_CMD_KEY_RO, -2, LMCV_ACL_CATEGORY,
+     "Length, CRC32C and tier of a large object"},
     {LMCV_CMD_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
-     "Completes a HELLO with PROOF: the server reads its nonce back from the claimed address"},
-    {LMCV_CMD_SET, cmd_set, "write deny-oom", 1, RM_CMD_KEY_OW | RM_CMD_KEY_UPDATE, -3, LMCV_ACL_CATEGORY,
-     "Stores a value sent inline, or read by the server from registered client memory"},
-    {LMCV_CMD_GET, cmd_get, "readonly", 1, RM_CMD_KEY_RO | RM_CMD_KEY_ACCESS, -2, LMCV_ACL_CATEGORY,
-     "Returns a value inline, or writes it into registered client memory"},
-    {LMCV_CMD_INFO, cmd_info, "readonly fast", 1, RM_CMD_KEY_RO, 2, LMCV_ACL_CATEGORY,
-     "Length and CRC32C of a stored value"},
+     "Extension: completes RDMA_HELLO PROOF; the server reads its nonce back from the claimed address"},
+    {LMCV_CMD_LEGACY_HELLO, cmd_legacy_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
+     "Deprecated name of BLOB.RDMA_HELLO"},
+    {LMCV_CMD_LEGACY_SET, cmd_legacy_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY,
+     "Deprecated: BLOB.TCP_SET or BLOB.RDMA_SET by the shape of the arguments"},
+    {LMCV_CMD_LEGACY_GET, cmd_legacy_get, "readonly", 1, RO_ACCESS, -2, LMCV_ACL_CATEGORY,
+     "Deprecated: BLOB.TCP_GET or BLOB.RDMA_GET by the shape of the arguments"},
 };
 
 static const RMCommandInfoVersion COMMAND_INFO_VERSION = {

@@ -20,7 +20,7 @@ MiB = 1 << 20
 # A tenant worker's recommended ACL line (lmcache_valkey/acl.py) with the fabric addition:
 # the commands by name (every server), or the module's category (Valkey 9.1).
 BY_NAME = " ".join(f"+{c}" for c in acl.worker_commands(fabric=True))
-BY_CATEGORY = " ".join(f"+{c}" for c in acl.worker_commands()) + f" +@{commands.ACL_CATEGORY}"
+BY_CATEGORY = " ".join(f"+{c}" for c in acl.worker_commands()) + f" +@{commands.ACL_CATEGORY} +pexpire"
 
 SERVERS = {
     "valkey-9.1.2": (None, BY_CATEGORY),
@@ -42,7 +42,7 @@ def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_serve
     admin = srv.client()
     _tenant(admin, "tenant-a", f"resetchannels ~lmcv:tenant-a:* -@all {rules}")
     value = os.urandom(2 * MiB)
-    admin.execute_command(commands.SET, "lmcv:tenant-b:k", b"b's chunk")
+    admin.execute_command(commands.TCP_SET, "lmcv:tenant-b:k", b"b's chunk")
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port, username="tenant-a", password="tenant-a-pw",
@@ -63,8 +63,8 @@ def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_serve
                 t.get_into(b"lmcv:tenant-b:k", [mv[2 * MiB :]], 5),
                 t.set_from(b"lmcv:tenant-b:k", [mv[:MiB]], None, 5),
                 t.info(b"lmcv:tenant-b:k"),
-                t.command(commands.GET, b"lmcv:tenant-b:k"),
-                t.command(commands.SET, b"lmcv:tenant-b:k", b"overwritten"),
+                t.command(commands.TCP_GET, b"lmcv:tenant-b:k"),
+                t.command(commands.TCP_SET, b"lmcv:tenant-b:k", b"overwritten"),
             ):
                 with pytest.raises(ServerError, match="NOPERM"):
                     await attempt
@@ -72,30 +72,31 @@ def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_serve
             assert await t.delete([b"lmcv:tenant-a:k"]) == 1
 
     asyncio.run(body())
-    assert admin.execute_command(commands.GET, "lmcv:tenant-b:k") == b"b's chunk"
+    assert admin.execute_command(commands.TCP_GET, "lmcv:tenant-b:k") == b"b's chunk"
 
 
 def test_key_specs_let_read_only_patterns_confine_the_module_commands(start_server):
     srv = start_server("none")
     admin = srv.client()
     _tenant(admin, "reader", f"%R~shared:* ~lmcv:reader:* -@all {BY_CATEGORY}")
-    admin.execute_command(commands.SET, "shared:k", b"published")
+    admin.execute_command(commands.TCP_SET, "shared:k", b"published")
     c = valkey.Valkey(port=srv.port, username="reader", password="reader-pw")
-    assert c.execute_command(commands.GET, "shared:k") == b"published"
+    assert c.execute_command(commands.TCP_GET, "shared:k") == b"published"
     assert c.execute_command(commands.INFO, "shared:k")
     with pytest.raises(valkey.exceptions.NoPermissionError):
-        c.execute_command(commands.SET, "shared:k", b"defaced")
-    c.execute_command(commands.SET, "lmcv:reader:k", b"mine")
+        c.execute_command(commands.TCP_SET, "shared:k", b"defaced")
+    c.execute_command(commands.TCP_SET, "lmcv:reader:k", b"mine")
 
 
 def test_every_command_is_in_the_category_and_hello_has_no_key(start_server):
     srv = start_server("none")
     admin = srv.client()
     listed = {c.decode().upper() for c in admin.execute_command("ACL", "CAT", commands.ACL_CATEGORY)}
-    assert listed == {c.upper() for c in commands.ALL}
+    assert listed == {c.upper() for c in (*commands.ALL, *commands.LEGACY)}
     info = {name.upper(): v for name, v in admin.execute_command("COMMAND", "INFO", *commands.ALL).items()}
     assert info[commands.HELLO]["first_key_pos"] == 0 and not info[commands.HELLO]["key_specifications"]
-    access = {commands.GET: [b"RO", b"access"], commands.INFO: [b"RO"], commands.SET: [b"OW", b"update"]}
+    access = {commands.RDMA_GET: [b"RO", b"access"], commands.TCP_GET: [b"RO", b"access"], commands.INFO: [b"RO"],
+              commands.RDMA_SET: [b"OW", b"update"], commands.TCP_SET: [b"OW", b"update"]}
     for name, flags in access.items():
         assert info[name]["first_key_pos"] == 1
         assert info[name]["key_specifications"][0][1] == flags, name

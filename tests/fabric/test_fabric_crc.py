@@ -18,8 +18,9 @@ def test_crc_matches_google_crc32c(start_server):
     c = srv.client()
     values = {n: os.urandom(n) for n in SIZES}
     for n, v in values.items():
-        c.execute_command("BLOB.SET", b"bulk%d" % n, v)
-        assert c.execute_command("BLOB.INFO", b"bulk%d" % n)[3] == google_crc32c.value(v), n
+        # An empty value only through the deprecated name: the large-object dialect refuses it.
+        c.execute_command("BLOB.TCP_SET" if n else "BLOB.SET", b"bulk%d" % n, v)
+        assert c.execute_command("BLOB.INFO", b"bulk%d" % n, "CRC") == google_crc32c.value(v), n
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port) as t:

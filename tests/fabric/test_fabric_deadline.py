@@ -26,7 +26,7 @@ def _poll(pred, tries: int = 200, every: float = 0.05) -> bool:
 def test_stalled_target_times_out_and_main_thread_stays_responsive(start_server):
     srv = start_server("tcp;ofi_rxm", arena_mb=512, extra=("max_timeout_ms", "60000"))
     c = srv.client()
-    c.execute_command("BLOB.SET", b"big", os.urandom(SIZE))
+    c.execute_command("BLOB.TCP_SET", b"big", os.urandom(SIZE))
     used_before = srv.info()["arena_used_bytes"]
     helper = subprocess.Popen([sys.executable, str(HERE / "stall_client.py"), str(srv.port), str(SIZE), "1000"],
                               stdout=subprocess.PIPE, text=True)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 
 import pytest
 import valkey
 
 from lmcache_valkey.errors import DeadlineExceeded, ServerError
+from lmcache_valkey.transport.resp.parser import encode_command
+from support.servers import _recv_reply
 from lmcache_valkey.transport.fabric import (
     FabricTransport,
     OutsideRegions,
@@ -50,23 +53,23 @@ async def _upstream_style_command(srv, t: FabricTransport, *args, timeout: float
     declared regions, so the server's region check does not stand between a triple and the
     provider) bound to the transport's own fabric address."""
     def run():
-        c = valkey.Valkey(port=srv.port, single_connection_client=True, socket_timeout=timeout + 5)
-        try:
-            c.execute_command("BLOB.HELLO", t.endpoint.name.hex())
-            return c.execute_command(*args, "TIMEOUT", int(timeout * 1000))
-        finally:
-            c.close()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=timeout + 5) as sock:
+            replies = []
+            for cmd in (("BLOB.RDMA_HELLO", t.endpoint.name.hex()), (*args, "TIMEOUT", int(timeout * 1000))):
+                sock.sendall(encode_command(cmd))
+                replies.append(_recv_reply(sock))
+            return replies[-1]
 
-    try:
-        return await asyncio.to_thread(run)
-    except valkey.ResponseError as exc:
-        raise commands.map_error(str(exc)) from None
+    reply = await asyncio.to_thread(run)
+    if isinstance(reply, ServerError):
+        raise commands.map_error(reply.message)
+    return reply
 
 
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
 def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provider):
     srv = start_server(provider)
-    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+    srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(MiB))
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
@@ -74,7 +77,7 @@ def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provide
             # tcp and sockets report the bad key; shm never completes the op, so the
             # server's deadline ends it (and the client's, whichever comes first).
             with pytest.raises((TransferFailed, DeadlineExceeded)):
-                await _upstream_style_command(srv, t, "BLOB.GET", b"k", region.key + 1000,
+                await _upstream_style_command(srv, t, "BLOB.RDMA_GET", b"k", region.key + 1000,
                                               region.remote_addr(region.addr), MiB)
             assert _untouched(mv, 0, 4 * MiB)
             # The client recovers: tcp;ofi_rxm tears its link down on a bad key and
@@ -97,7 +100,7 @@ def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provide
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
 def test_window_past_the_registered_region_is_refused_by_the_provider(start_server, provider):
     srv = start_server(provider)
-    srv.client().execute_command("BLOB.SET", b"k", os.urandom(2 * MiB))
+    srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(2 * MiB))
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
@@ -108,7 +111,7 @@ def test_window_past_the_registered_region_is_refused_by_the_provider(start_serv
             region = t.register(addr + 2 * MiB, 2 * MiB)
             start = region.remote_addr(region.addr + MiB)
             with pytest.raises((TransferFailed, DeadlineExceeded)):
-                await _upstream_style_command(srv, t, "BLOB.GET", b"k", region.key, start, 2 * MiB)
+                await _upstream_style_command(srv, t, "BLOB.RDMA_GET", b"k", region.key, start, 2 * MiB)
             # Nothing beyond the registered region moved (inside it, a provider may have
             # written the part of the window that was in range before failing).
             assert _untouched(mv, 4 * MiB, 6 * MiB) and _untouched(mv, 0, 2 * MiB)
@@ -119,23 +122,29 @@ def test_window_past_the_registered_region_is_refused_by_the_provider(start_serv
 
 def test_short_window_and_oversized_length_are_refused_before_any_byte_moves(start_server):
     srv = start_server("tcp;ofi_rxm", arena_mb=16)
-    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+    srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(MiB))
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port) as t:
             mv, region = _guarded_arena(t, 4 * MiB)
-            with pytest.raises(WindowTooSmall, match="smaller than the object"):
+            with pytest.raises(WindowTooSmall, match="smaller than object length"):
                 await t.get_into(b"k", [mv[:1000]], 5, allow_partial=False)
             assert _untouched(mv, 0, 4 * MiB)
+            base = region.remote_addr(region.addr)
             # SET whose total exceeds the window offered.
             with pytest.raises(WindowTooSmall):
-                await t.command("BLOB.SET", b"k2", 2 * MiB, region.key, region.remote_addr(region.addr), MiB)
+                await t.command("BLOB.RDMA_SET", b"k2", 2 * MiB, region.key, base, MiB)
             # SET larger than the server's arena.
-            with pytest.raises(ServerError, match="TOOLARGE"):
-                await t.command("BLOB.SET", b"k2", 64 * MiB, region.key, region.remote_addr(region.addr), 4 * MiB)
+            with pytest.raises(ServerError, match="max object size exceeded"):
+                await t.command("BLOB.RDMA_SET", b"k2", 64 * MiB, region.key, base, 4 * MiB)
             # Malformed triples.
-            with pytest.raises(ServerError, match="triples"):
-                await t.command("BLOB.GET", b"k", region.key, region.remote_addr(region.addr), 0)
+            with pytest.raises(ServerError, match="invalid memory address len"):
+                await t.command("BLOB.RDMA_GET", b"k", region.key, base, 0)
+            # The deprecated names answer with their own codes.
+            with pytest.raises(WindowTooSmall, match="BADWINDOW"):
+                await t.command("BLOB.SET", b"k2", 2 * MiB, region.key, base, MiB)
+            with pytest.raises(ServerError, match="TOOLARGE"):
+                await t.command("BLOB.SET", b"k2", 64 * MiB, region.key, base, 4 * MiB)
             assert await t.get_into(b"k2", [mv[:MiB]], 5) is None
 
     asyncio.run(body())
@@ -185,17 +194,18 @@ def test_small_unregistered_header_is_staged_through_scratch(start_server):
 
 def test_missing_hello_is_refused(start_server):
     srv = start_server("tcp;ofi_rxm")
-    srv.client().execute_command("BLOB.SET", b"k", b"v" * 100)
+    srv.client().execute_command("BLOB.TCP_SET", b"k", b"v" * 100)
     plain = srv.client()
-    with pytest.raises(valkey.ResponseError, match="NOHELLO"):
+    with pytest.raises(valkey.ResponseError, match="no RDMA session"):
+        plain.execute_command("BLOB.RDMA_GET", b"k", 1, 4096, 100)
+    with pytest.raises(valkey.ResponseError, match="no RDMA session"):
+        plain.execute_command("BLOB.RDMA_SET", b"k", 100, 1, 4096, 100)
+    with pytest.raises(valkey.ResponseError, match="invalid rdma address hex"):
+        plain.execute_command("BLOB.RDMA_HELLO", "xyz")
+    with pytest.raises(valkey.ResponseError, match="NOHELLO"):  # the deprecated name
         plain.execute_command("BLOB.GET", b"k", 1, 4096, 100)
-    with pytest.raises(valkey.ResponseError, match="NOHELLO"):
-        plain.execute_command("BLOB.SET", b"k", 100, 1, 4096, 100)
-    with pytest.raises(valkey.ResponseError, match="not valid hex"):
-        plain.execute_command("BLOB.HELLO", "xyz")
     # And through the client's error mapping:
-    from lmcache_valkey.transport.fabric import commands
-
+    assert isinstance(commands.map_error("ERR no RDMA session (call BLOB.RDMA_HELLO first)"), NoFabricSession)
     assert isinstance(commands.map_error("NOHELLO send BLOB.HELLO first"), NoFabricSession)
 
 
@@ -207,7 +217,7 @@ def test_hello_twice_and_sessions_released_on_disconnect(start_server):
             arena = bytearray(MiB)
             t.register_buffer(arena)
             with pytest.raises(ServerError, match="already established"):
-                await t.command("BLOB.HELLO", t.endpoint.name.hex())
+                await t.command("BLOB.RDMA_HELLO", t.endpoint.name.hex())
             await asyncio.gather(*(t.get_into(b"none", [memoryview(arena)[i * 1000 : (i + 1) * 1000]], 5) for i in range(3)))
             assert srv.info()["sessions"] == t.stats["connections"]
 
@@ -252,7 +262,7 @@ def test_sessions_sharing_one_fabric_address_survive_each_other(start_server, pr
 
 def test_a_triple_outside_the_declared_regions_is_refused_before_any_transfer(start_server):
     srv = start_server("tcp;ofi_rxm")
-    srv.client().execute_command("BLOB.SET", b"k", os.urandom(MiB))
+    srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(MiB))
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port, bulk_fallback=False) as t:
@@ -265,7 +275,7 @@ def test_a_triple_outside_the_declared_regions_is_refused_before_any_transfer(st
             ]
             for rkey, addr, n in outside:
                 with pytest.raises(OutsideRegions):
-                    await t.command("BLOB.GET", b"k", rkey, addr, n)
+                    await t.command("BLOB.RDMA_GET", b"k", rkey, addr, n)
             assert _untouched(mv, 0, 4 * MiB)
             assert await t.get_into(b"k", [mv[3 * MiB :]], 5) == MiB  # inside: fine
 

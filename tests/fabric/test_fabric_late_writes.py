@@ -41,7 +41,7 @@ def _transfers_ended(info: dict) -> bool:
 def test_a_paused_server_never_writes_into_buffers_given_back(start_server, provider, pause):
     srv = start_server(provider, arena_mb=2 * SIZE // MiB)
     value = os.urandom(SIZE)
-    srv.client().execute_command(commands.SET, b"big", value)
+    srv.client().execute_command(commands.TCP_SET, b"big", value)
     paused = False
 
     def stop() -> None:
@@ -95,7 +95,7 @@ def test_a_cancelled_get_against_a_healthy_server_releases_without_revoking(star
     """A caller that stops waiting costs no revocation when the server answers within its
     deadline: the buffers go back when the reply arrives."""
     srv = start_server("tcp;ofi_rxm")
-    srv.client().execute_command(commands.SET, b"k", os.urandom(16 * MiB))
+    srv.client().execute_command(commands.TCP_SET, b"k", os.urandom(16 * MiB))
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port) as t:

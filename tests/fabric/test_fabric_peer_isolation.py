@@ -45,7 +45,7 @@ def test_guessed_keys_at_a_victims_address_write_nothing(start_server):
     """The upstream dialect (plain HELLO, any claimed address) is all an attacker needs
     here: what keeps the victim's memory out of reach is that its keys cannot be guessed."""
     srv = start_server("tcp;ofi_rxm")
-    srv.client().execute_command(commands.SET, b"attacker-data", os.urandom(64 * 1024))
+    srv.client().execute_command(commands.TCP_SET, b"attacker-data", os.urandom(64 * 1024))
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port) as victim:
@@ -55,7 +55,7 @@ def test_guessed_keys_at_a_victims_address_write_nothing(start_server):
             for guess in range(1, 33):
                 for addr in (0, region.remote_addr(region.addr)):
                     try:
-                        await asyncio.to_thread(a.execute_command, commands.GET, b"attacker-data", guess, addr,
+                        await asyncio.to_thread(a.execute_command, commands.RDMA_GET, b"attacker-data", guess, addr,
                                                 64 * 1024, commands.OPT_TIMEOUT, 1000)
                     except valkey.ResponseError:
                         pass
@@ -67,7 +67,7 @@ def test_guessed_keys_at_a_victims_address_write_nothing(start_server):
 
 def test_a_session_must_prove_the_address_it_claims(start_server):
     srv = start_server("tcp;ofi_rxm", extra=("require_proof", "yes"))
-    srv.client().execute_command(commands.SET, b"k", os.urandom(MiB))
+    srv.client().execute_command(commands.TCP_SET, b"k", os.urandom(MiB))
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port, bulk_fallback=False) as victim:
@@ -85,7 +85,7 @@ def test_a_session_must_prove_the_address_it_claims(start_server):
             with pytest.raises(valkey.ResponseError, match="NOPROOF"):
                 await asyncio.to_thread(a.execute_command, commands.PROVE, key, addr)  # nonce is not there
             with pytest.raises(valkey.ResponseError, match="NOPROOF"):
-                a.execute_command(commands.GET, b"k", key, addr, MiB)
+                a.execute_command(commands.RDMA_GET, b"k", key, addr, MiB)
             with pytest.raises(valkey.ResponseError, match="no proof is pending"):
                 a.execute_command(commands.PROVE, key, addr)  # one attempt per session
             a.close()
@@ -101,7 +101,7 @@ def test_a_proven_session_only_reaches_its_own_endpoint_and_regions(start_server
     the server writes only to the attacker's own endpoint (where that key means nothing),
     and only inside the regions the attacker declared."""
     srv = start_server("tcp;ofi_rxm", extra=("require_proof", "yes"))
-    srv.client().execute_command(commands.SET, b"k", os.urandom(MiB))
+    srv.client().execute_command(commands.TCP_SET, b"k", os.urandom(MiB))
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port) as victim, \
@@ -113,7 +113,7 @@ def test_a_proven_session_only_reaches_its_own_endpoint_and_regions(start_server
             for triple in ((region.key, region.remote_addr(region.addr), MiB),
                            (own_region.key, own_region.remote_addr(own_region.addr) + MiB, MiB)):
                 with pytest.raises(Exception):
-                    await attacker.command(commands.GET, b"k", *triple, timeout=5)
+                    await attacker.command(commands.RDMA_GET, b"k", *triple, timeout=5)
             assert _untouched(mv)
 
     asyncio.run(body())
@@ -124,7 +124,7 @@ def test_remote_keys_and_addresses_stay_out_of_slowlog_and_monitor(start_server)
     srv = start_server("tcp;ofi_rxm")
     admin = srv.client()
     admin.config_set("slowlog-log-slower-than", 0)
-    admin.execute_command(commands.SET, b"k", os.urandom(MiB))
+    admin.execute_command(commands.TCP_SET, b"k", os.urandom(MiB))
 
     async def body() -> None:
         async with FabricTransport("127.0.0.1", srv.port) as t:
@@ -136,7 +136,7 @@ def test_remote_keys_and_addresses_stay_out_of_slowlog_and_monitor(start_server)
     logged = [entry["command"] for entry in admin.slowlog_get(128)]
     text = b" ".join(logged)
     assert str(region.key).encode() not in text, logged
-    assert any(commands.GET.encode() in line and b"redacted" in line for line in logged), logged
+    assert any(commands.RDMA_GET.encode() in line and b"redacted" in line for line in logged), logged
     assert any(commands.HELLO.encode() in line for line in logged), logged
 
 

@@ -75,7 +75,7 @@ def test_miss_ttl_delete_and_partial(start_server, provider):
 def test_bulk_and_rma_see_the_same_values(start_server):
     srv = start_server("tcp;ofi_rxm")
     value = os.urandom(3 * MiB + 17)
-    srv.client().execute_command("BLOB.SET", b"bulk", value)
+    srv.client().execute_command("BLOB.TCP_SET", b"bulk", value)
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port) as t:
@@ -87,4 +87,4 @@ def test_bulk_and_rma_see_the_same_values(start_server):
             await t.set_from(b"rma", [mv[: len(value)]], None, 5)
 
     run(body())
-    assert srv.client().execute_command("BLOB.GET", b"rma") == value
+    assert srv.client().execute_command("BLOB.TCP_GET", b"rma") == value

@@ -49,7 +49,7 @@ def test_chunk_transport_protocol_from_settings(start_server):
 def test_failed_rma_falls_back_to_bulk_within_the_deadline(start_server):
     srv = start_server("tcp;ofi_rxm")
     value = os.urandom(2 * MiB)
-    srv.client().execute_command("BLOB.SET", b"k", value)
+    srv.client().execute_command("BLOB.TCP_SET", b"k", value)
 
     async def body():
         async with FabricTransport("127.0.0.1", srv.port) as t:

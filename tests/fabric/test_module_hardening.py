@@ -38,12 +38,11 @@ def _restore(c: valkey.Valkey, payload: bytes) -> object:
 
 def _consistent_or_absent(c: valkey.Valkey, key: str) -> None:
     """A value that did load is whole: its stored length and CRC describe its bytes."""
-    info = c.execute_command(commands.INFO, key)
+    info = commands.parse_info_reply(c.execute_command(commands.INFO, key))
     if info is None:
         return
-    fields = dict(zip(info[0::2], info[1::2]))
-    value = c.execute_command(commands.GET, key)
-    assert fields[b"length"] == len(value) and fields[b"crc32c"] == crc32c(value)
+    value = c.execute_command(commands.TCP_GET, key)
+    assert info == (len(value), crc32c(value))
 
 
 def _crafted_payloads(dump: d.ModuleDump, value: bytes) -> dict[str, bytes]:
@@ -80,7 +79,7 @@ def test_crafted_restore_payloads_are_refused_and_the_server_stays_up(start_serv
     srv = start_server("none", binary=_binary(name), arena_mb=8)
     c = srv.client()
     value = b"a chunk header and its payload" * 10
-    c.execute_command(commands.SET, "orig", value)
+    c.execute_command(commands.TCP_SET, "orig", value)
     dump = d.ModuleDump.parse(c.dump("orig"))
     for label, payload in _crafted_payloads(dump, value).items():
         reply = _restore(c, payload)
@@ -91,7 +90,7 @@ def test_crafted_restore_payloads_are_refused_and_the_server_stays_up(start_serv
     # The genuine payload, and the earlier encoding (bytes only), still load whole.
     assert _restore(c, c.dump("orig")) is True
     old = dump.build([d.string_field(value)], encver=1)
-    assert _restore(c, old) is True and c.execute_command(commands.GET, "crafted") == value
+    assert _restore(c, old) is True and c.execute_command(commands.TCP_GET, "crafted") == value
     _consistent_or_absent(c, "crafted")
     assert srv.info()["objects"] == 2
 
@@ -99,7 +98,7 @@ def test_crafted_restore_payloads_are_refused_and_the_server_stays_up(start_serv
 def test_random_corruptions_of_a_dump_never_crash_the_server(start_server):
     srv = start_server("none", arena_mb=8)
     c = srv.client()
-    c.execute_command(commands.SET, "orig", bytes(range(256)) * 4)
+    c.execute_command(commands.TCP_SET, "orig", bytes(range(256)) * 4)
     dump = c.dump("orig")
     body, version = dump[:-10], dump[-10:-8]
     rng = random.Random(8)
@@ -127,14 +126,14 @@ def test_expiry_that_would_overflow_is_refused_like_the_core_set(start_server, p
     srv = start_server("none", arena_mb=8)
     c = srv.client()
     with pytest.raises(valkey.ResponseError):
-        c.execute_command(commands.SET, "k", b"v", commands.OPT_PX, px)
+        c.execute_command(commands.TCP_SET, "k", b"v", commands.OPT_PX, px)
     assert c.exists("k") == 0
     # The expiry pass runs every 100 ms: a stored absolute time that overflowed aborts it.
     for _ in range(6):
         time.sleep(0.1)
         assert c.ping()
     # A large but valid expiry is kept, as by SET.
-    c.execute_command(commands.SET, "k", b"v", commands.OPT_PX, str(LLONG_MAX // 2))
+    c.execute_command(commands.TCP_SET, "k", b"v", commands.OPT_PX, str(LLONG_MAX // 2))
     assert c.pttl("k") > 0 and c.ping()
 
 
@@ -145,10 +144,17 @@ HOSTILE = ["", "0", "1", "-1", "abc", "PX", "TIMEOUT", "PARTIAL", "\x00", " 7", 
 def _argument_variants() -> list[list[str]]:
     """Each command with each hostile value in each argument position (and longer tails)."""
     shapes = {
-        commands.SET: [["k", "v"], ["k", "v", "PX", "100"], ["k", "4096", "1", "0", "4096", "TIMEOUT", "50"]],
-        commands.GET: [["k"], ["k", "1", "0", "4096", "TIMEOUT", "50", "PARTIAL"]],
-        commands.INFO: [["k"]],
-        commands.HELLO: [["00"]],
+        commands.TCP_SET: [["k", "v"], ["k", "v", "PX", "100"]],
+        commands.RDMA_SET: [["k", "4096", "1", "0", "4096", "TIMEOUT", "50"],
+                            ["k", "4096", "CRC", "7", "1", "0", "4096", "PX", "100"]],
+        commands.TCP_GET: [["k"]],
+        commands.RDMA_GET: [["k", "1", "0", "4096", "TIMEOUT", "50", "PARTIAL"]],
+        commands.INFO: [["k"], ["k", "LEN"]],
+        commands.HELLO: [["00"], ["00", "PROOF", "REGION", "1", "0", "4096"]],
+        commands.PROVE: [["1", "0"]],
+        "BLOB.SET": [["k", "v", "PX", "100"], ["k", "4096", "1", "0", "4096", "TIMEOUT", "50"]],
+        "BLOB.GET": [["k"], ["k", "1", "0", "4096", "TIMEOUT", "50", "PARTIAL"]],
+        "BLOB.HELLO": [["00"]],
     }
     out = []
     for cmd, forms in shapes.items():
@@ -166,7 +172,7 @@ def _argument_variants() -> list[list[str]]:
 def test_hostile_arguments_to_every_command_get_replies_not_crashes(start_server, with_session):
     srv = start_server("tcp;ofi_rxm", arena_mb=8)
     c = valkey.Valkey(port=srv.port, single_connection_client=True, socket_timeout=10)
-    c.execute_command(commands.SET, "k", b"x" * 4096)
+    c.execute_command(commands.TCP_SET, "k", b"x" * 4096)
     ep = FabricEndpoint("tcp;ofi_rxm") if with_session else None
     try:
         if ep is not None:
@@ -210,19 +216,19 @@ def test_hello_refuses_addresses_that_are_not_the_providers_form(start_server):
 def test_transfers_are_refused_inside_transactions_and_scripts(start_server):
     srv = start_server("tcp;ofi_rxm", arena_mb=8)
     c = valkey.Valkey(port=srv.port, single_connection_client=True, socket_timeout=10)
-    c.execute_command(commands.SET, "k", b"x" * 4096)
+    c.execute_command(commands.TCP_SET, "k", b"x" * 4096)
     with FabricEndpoint("tcp;ofi_rxm") as ep:
         buf = bytearray(4096)
         region = ep.register_buffer(buf)
         c.execute_command(commands.HELLO, ep.name.hex())
         triple = [region.key, region.remote_addr(region.addr), 4096]
         pipe = c.pipeline(transaction=True)
-        pipe.execute_command(commands.GET, "k", *triple)
+        pipe.execute_command(commands.RDMA_GET, "k", *triple)
         with pytest.raises(valkey.ResponseError, match="can block"):
             pipe.execute()
         script = "return redis.call(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])"
         with pytest.raises(valkey.ResponseError, match="can block"):
-            c.eval(script, 2, commands.GET, "k", *triple)
+            c.eval(script, 2, commands.RDMA_GET, "k", *triple)
         assert c.ping()
         c.close()
 
@@ -235,7 +241,7 @@ def test_blob_values_survive_an_rdb_and_an_aof_rewrite_and_reload(start_server, 
     c = srv.client()
     values = {f"k{i}": bytes([i]) * (1000 + i) for i in range(5)}
     for k, v in values.items():
-        c.execute_command(commands.SET, k, v, commands.OPT_PX, "3600000")
+        c.execute_command(commands.TCP_SET, k, v, commands.OPT_PX, "3600000")
     c.save()
     c.bgrewriteaof()
     _wait(lambda: c.info("persistence")["aof_rewrite_in_progress"] == 0)
@@ -243,7 +249,7 @@ def test_blob_values_survive_an_rdb_and_an_aof_rewrite_and_reload(start_server, 
     srv = start_server("none", arena_mb=8, extra=("--dir", str(work), "--appendonly", "yes"), port=srv.port)
     c = srv.client()
     for k, v in values.items():
-        assert c.execute_command(commands.GET, k) == v
+        assert c.execute_command(commands.TCP_GET, k) == v
         assert 0 < c.pttl(k) <= 3600000
         _consistent_or_absent(c, k)
 
@@ -253,12 +259,12 @@ def test_an_aof_with_hostile_blob_commands_loads_and_the_server_stays_up(start_s
     work.mkdir()
     ep = FabricEndpoint("tcp;ofi_rxm")
     hostile = [
-        [commands.SET, "overflow", "v", commands.OPT_PX, str(LLONG_MAX)],
-        [commands.SET, "garbage", "7", "1", "2", "3", "4"],
+        [commands.TCP_SET, "overflow", "v", commands.OPT_PX, str(LLONG_MAX)],
+        ["BLOB.SET", "garbage", "7", "1", "2", "3", "4"],
         [commands.HELLO, ep.name.hex()],  # the loader is no fabric peer
-        [commands.GET, "kept", "1", "0", "4096"],
-        [commands.SET, "rma", "4096", "1", "0", "4096"],
-        [commands.SET, "kept", "kept-value"],
+        [commands.RDMA_GET, "kept", "1", "0", "4096"],
+        [commands.RDMA_SET, "rma", "4096", "1", "0", "4096"],
+        ["BLOB.SET", "kept", "kept-value"],  # what an AOF of the previous release holds
     ]
     aof = b"".join(_resp(args) for args in hostile)
     (work / "appendonly.aof").write_bytes(aof)
@@ -269,7 +275,7 @@ def test_an_aof_with_hostile_blob_commands_loads_and_the_server_stays_up(start_s
     for _ in range(5):
         time.sleep(0.1)
         assert c.ping()
-    assert c.execute_command(commands.GET, "kept") == b"kept-value"
+    assert c.execute_command(commands.TCP_GET, "kept") == b"kept-value"
     assert c.exists("overflow", "garbage", "rma") == 0
     assert srv.info()["sessions"] == 0
 
@@ -282,7 +288,7 @@ def test_a_corrupt_rdb_file_fails_the_load_cleanly(start_server, tmp_path):
     srv = start_server("none", arena_mb=8, extra=("--dir", str(work), "--dbfilename", "dump.rdb"))
     c = srv.client()
     value = random.Random(3).randbytes(3000)  # incompressible: stored as a plain string
-    c.execute_command(commands.SET, "k", value)
+    c.execute_command(commands.TCP_SET, "k", value)
     c.save()
     srv.stop()
     rdb = work / "dump.rdb"

@@ -161,6 +161,6 @@ def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
 def test_the_fabric_addition_names_every_command_of_the_dialect():
     from lmcache_valkey.transport.fabric import commands
 
-    assert {c.lower() for c in commands.ALL} == set(acl.FABRIC)
+    assert {c.lower() for c in commands.ALL} | {commands.EXPIRE.lower()} == set(acl.FABRIC)
     assert commands.DELETE.lower() in acl.WORKER  # the fabric transport deletes as the RESP one does
-    assert "+blob.get" in acl.worker_line("a", "a", fabric=True) and "+blob.rdma_prove" in acl.worker_line("a", "a", fabric=True)
+    assert "+blob.rdma_get" in acl.worker_line("a", "a", fabric=True) and "+blob.rdma_prove" in acl.worker_line("a", "a", fabric=True)

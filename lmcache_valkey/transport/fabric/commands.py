@@ -1,8 +1,12 @@
 """The BLOB.* command dialect, client side: names and reply/error decoding in one place.
 
-Mirrors endpoint/include/lmcv_commands.h and lmcv_replies.h (a test checks they agree).
-The names follow valkey-large-object, whose names changed across versions; a deployment
-against another spelling changes only this module (docs/fabric-command-dialect.md).
+The dialect is valkey-large-object's (``BLOB.RDMA_HELLO``, ``BLOB.RDMA_SET``,
+``BLOB.RDMA_GET``, ``BLOB.TCP_SET``, ``BLOB.TCP_GET``, ``BLOB.INFO``), as documented on
+valkey.io; our reference module speaks it too (endpoint/include/lmcv_commands.h and
+lmcv_replies.h mirror this module; a test checks they agree). Our extensions -- the
+address proof, declared regions, and the ``PX``/``TIMEOUT``/``PARTIAL`` options -- are
+optional arguments a server without them refuses; they are sent only to a server that took
+the extended HELLO (docs/fabric-command-dialect.md).
 """
 
 from __future__ import annotations
@@ -14,25 +18,32 @@ from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ServerE
 
 from .errors import NoFabricSession, OutsideRegions, PeerNotProven, ServerDeadline, TransferFailed, WindowTooSmall
 
-HELLO = "BLOB.HELLO"
-SET = "BLOB.SET"
-GET = "BLOB.GET"
+HELLO = "BLOB.RDMA_HELLO"
+RDMA_SET = "BLOB.RDMA_SET"
+RDMA_GET = "BLOB.RDMA_GET"
+TCP_SET = "BLOB.TCP_SET"
+TCP_GET = "BLOB.TCP_GET"
 INFO = "BLOB.INFO"
-PROVE = "BLOB.RDMA_PROVE"  # extension: completes HELLO ... PROOF
+PROVE = "BLOB.RDMA_PROVE"  # extension: completes RDMA_HELLO ... PROOF
+UPSTREAM = (HELLO, RDMA_SET, RDMA_GET, TCP_SET, TCP_GET, INFO)
+ALL = (*UPSTREAM, PROVE)
+# Our earlier names, still answered by our module for one release (deprecated).
+LEGACY = ("BLOB.HELLO", "BLOB.SET", "BLOB.GET")
 DELETE = "UNLINK"  # what the worker's ACL line already allows for its keys
-ALL = (HELLO, SET, GET, INFO, PROVE)
-ACL_CATEGORY = "largeobj"  # the module's ACL category (Valkey 9.1: +@largeobj)
+EXPIRE = "PEXPIRE"  # TTL against a server without our PX option
+ACL_CATEGORY = "largeobj"  # the modules' ACL category (Valkey 9.1: +@largeobj)
 
+OPT_CRC = "CRC"
 OPT_PX = "PX"
 OPT_TIMEOUT = "TIMEOUT"
 OPT_PARTIAL = "PARTIAL"
 OPT_PROOF = "PROOF"
 OPT_REGION = "REGION"
+INFO_FIELDS = ("LEN", "CRC", "TIER")
 
 NONCE_BYTES = 16
 MAX_REGIONS = 32
-
-MAX_TRIPLES = 64
+MAX_TRIPLES = 256
 
 Triple = tuple[int, int, int]  # (rkey, remote addr, length)
 
@@ -68,52 +79,86 @@ def prove(rkey: int, addr: int) -> list[object]:
     return [PROVE, rkey, addr]
 
 
-def get_rma(key: bytes, triples: Sequence[Triple], timeout_ms: int, partial: bool) -> list[object]:
-    args: list[object] = [GET, key]
+def get_rma(key: bytes, triples: Sequence[Triple], timeout_ms: int, partial: bool, extensions: bool) -> list[object]:
+    args: list[object] = [RDMA_GET, key]
     for t in triples:
         args.extend(t)
-    args += [OPT_TIMEOUT, timeout_ms]
-    if partial:
-        args.append(OPT_PARTIAL)
+    if extensions:
+        args += [OPT_TIMEOUT, timeout_ms]
+        if partial:
+            args.append(OPT_PARTIAL)
     return args
 
 
-def set_rma(key: bytes, total: int, triples: Sequence[Triple], ttl_ms: int | None, timeout_ms: int) -> list[object]:
-    args: list[object] = [SET, key, total]
+def set_rma(key: bytes, total: int, triples: Sequence[Triple], ttl_ms: int | None, timeout_ms: int,
+            extensions: bool) -> list[object]:
+    """RDMA_SET; the TTL and deadline only as our extension (else: ``expire`` after it)."""
+    args: list[object] = [RDMA_SET, key, total]
     for t in triples:
         args.extend(t)
-    if ttl_ms:
-        args += [OPT_PX, ttl_ms]
-    args += [OPT_TIMEOUT, timeout_ms]
+    if extensions:
+        if ttl_ms:
+            args += [OPT_PX, ttl_ms]
+        args += [OPT_TIMEOUT, timeout_ms]
     return args
 
 
 def get_bulk(key: bytes) -> list[object]:
-    return [GET, key]
+    return [TCP_GET, key]
 
 
-def set_bulk(key: bytes, value: bytes | memoryview, ttl_ms: int | None) -> list[object]:
-    args: list[object] = [SET, key, value]
-    if ttl_ms:
+def set_bulk(key: bytes, value: bytes | memoryview, ttl_ms: int | None, extensions: bool) -> list[object]:
+    args: list[object] = [TCP_SET, key, value]
+    if ttl_ms and extensions:
         args += [OPT_PX, ttl_ms]
     return args
+
+
+def expire(key: bytes, ttl_ms: int) -> list[object]:
+    return [EXPIRE, key, ttl_ms]
 
 
 def parse_get_reply(reply: object) -> tuple[int, int] | None:
     """``[obj_len, crc32c]`` -> (obj_len, crc); nil -> None (miss)."""
     if reply is None:
         return None
-    if isinstance(reply, (list, tuple)) and len(reply) == 2:
+    if isinstance(reply, (list, tuple)) and len(reply) == 2 and all(type(v) is int for v in reply):
         return int(reply[0]), int(reply[1])
-    raise ServerError(f"unexpected {GET} reply: {reply!r}")
+    raise ServerError(f"unexpected {RDMA_GET} reply: {reply!r}")
+
+
+def parse_info_reply(reply: object) -> tuple[int, int] | None:
+    """``[len, n, crc, c, tier, t]`` (names in any case) -> (length, crc32c); nil -> None."""
+    if reply is None:
+        return None
+    if isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
+        fields = {(k.decode() if isinstance(k, bytes) else str(k)).upper(): v for k, v in zip(reply[0::2], reply[1::2])}
+        n, crc = fields.get("LEN"), fields.get("CRC")
+        if type(n) is int and type(crc) is int:
+            return n, crc
+    raise ServerError(f"unexpected {INFO} reply: {reply!r}")
 
 
 _INFLIGHT = re.compile(r"inflight=(\d+)")
 
 
+# valkey-large-object's refusals that carry a meaning the client acts on, by their start.
+_UPSTREAM_ERRORS: tuple[tuple[str, type[LmcacheValkeyError]], ...] = (
+    ("ERR no RDMA session", NoFabricSession),
+    ("ERR RDMA write failed", TransferFailed),
+    ("ERR RDMA read failed", TransferFailed),
+    ("ERR client address space smaller than object length", WindowTooSmall),
+    ("ERR RDMA provider unavailable", FabricUnavailable),
+)
+
+
 def map_error(message: str) -> LmcacheValkeyError:
-    """Typed exception for an error reply of the endpoint."""
+    """Typed exception for an error reply of the endpoint (either dialect)."""
     code = message.split(" ", 1)[0]
+    if code == "ERR":
+        for start, cls in _UPSTREAM_ERRORS:
+            if message.startswith(start):
+                return cls(message)
     if code == "NOHELLO":
         return NoFabricSession(message)
     if code == "NOPROOF":

@@ -17,7 +17,7 @@ __all__ = [
 
 
 class NoFabricSession(ServerError):
-    """The server saw no BLOB.HELLO on this connection (NOHELLO)."""
+    """The server saw no BLOB.RDMA_HELLO on this connection ("no RDMA session", NOHELLO)."""
 
     cause = "nohello"
 

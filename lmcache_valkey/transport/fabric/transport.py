@@ -327,8 +327,8 @@ class FabricTransport:
                 try:
                     return await self._get_rma(key, bufs, timeout, rel, partial=False)
                 except WindowTooSmall:
-                    if not allow_partial:
-                        raise
+                    if not allow_partial or self.peer_proof is not True:
+                        raise  # PARTIAL is our extension: a server without it cannot fill a short window
                     # Our endpoint's PARTIAL extension: fill the window, report the full length.
                     self._stats["partial_retries"] += 1
                     return await self._get_rma(key, bufs, deadline - loop.time(), rel, partial=True)
@@ -364,8 +364,9 @@ class FabricTransport:
 
         rel.hold()
         try:
-            reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial), plan.keep, timeout,
-                                     after=copy_out, over=over, link=link)
+            # Our options only where the session's server took the extended HELLO.
+            reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial, link.peer_proof is True),
+                                     plan.keep, timeout, after=copy_out, over=over, link=link)
         except BaseException:
             wanted[0] = False
             raise
@@ -407,15 +408,20 @@ class FabricTransport:
         try:
             if not plan.triples:
                 link.give_slots(plan)
-                reply = await self._call(lambda ms: commands.set_bulk(key, b"", ttl_ms), None, timeout)
-            else:
-                def over() -> None:
-                    link.give_slots(plan)
-                    rel.drop()
+                return await self._set_bulk(key, [], ttl_ms, timeout)
 
-                rel.hold()
-                reply = await self._call(lambda ms: commands.set_rma(key, total, plan.triples, ttl_ms, ms), plan.keep,
-                                         timeout, over=over, link=link)
+            def over() -> None:
+                link.give_slots(plan)
+                rel.drop()
+
+            def args_for(ms: int) -> Any:
+                ext = link.peer_proof is True
+                cmd = commands.set_rma(key, total, plan.triples, ttl_ms, ms, ext)
+                # Without our PX option the TTL follows in the same round trip.
+                return (_PIPELINE, [cmd, commands.expire(key, ttl_ms)]) if ttl_ms and not ext else cmd
+
+            rel.hold()
+            reply = await self._call(args_for, plan.keep, timeout, after=_first_reply, over=over, link=link)
         except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
             left = deadline - loop.time()
             if not (self._bulk_fallback and left > 0):
@@ -435,7 +441,14 @@ class FabricTransport:
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
         value = b"".join(bytes(byte_view(p)) for p in parts)
-        _expect_ok(await self._call(lambda ms: commands.set_bulk(key, value, ttl_ms), None, timeout))
+        # Plain connections have no HELLO to tell whether PX is taken: the TTL follows in the
+        # same round trip, which every server takes.
+        cmd = commands.set_bulk(key, value, None, False)
+        if ttl_ms:
+            _expect_ok(await self._call(lambda ms: (_PIPELINE, [cmd, commands.expire(key, ttl_ms)]), None, timeout,
+                                        after=_first_reply))
+        else:
+            _expect_ok(await self._call(lambda ms: cmd, None, timeout))
 
     # -- the store's ChunkTransport protocol ------------------------------------------------
 
@@ -491,11 +504,7 @@ class FabricTransport:
 
     async def info(self, key: bytes, timeout: float = 5.0) -> tuple[int, int] | None:
         """(length, crc32c) of a stored value, or None."""
-        reply = await self._call(lambda ms: [commands.INFO, key], None, timeout)
-        if reply is None:
-            return None
-        fields = dict(zip(reply[0::2], reply[1::2]))
-        return int(fields[b"length"]), int(fields[b"crc32c"])
+        return commands.parse_info_reply(await self._call(lambda ms: [commands.INFO, key], None, timeout))
 
     async def command(self, *args: Any, timeout: float = 5.0) -> Any:
         """Sends one raw command on a pooled connection that carries a fabric session
@@ -596,7 +605,18 @@ class _Release:
 
 def _expect_ok(reply: Any) -> None:
     if reply not in (b"OK", "OK", True):
-        raise ServerError(f"unexpected {commands.SET} reply: {reply!r}")
+        raise ServerError(f"unexpected SET reply: {reply!r}")
+
+
+def _first_reply(replies: Any) -> Any:
+    """A pipelined command and its follower (the TTL): the first one's reply, errors raised.
+    A command sent alone: its reply."""
+    if not isinstance(replies, list):
+        return replies
+    first = replies[0]
+    if isinstance(first, ErrorReply):
+        raise commands.map_error(first.message)
+    return first
 
 
 def _as_result(value: Any) -> Any:
