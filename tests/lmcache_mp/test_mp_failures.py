@@ -52,7 +52,8 @@ def test_a_killed_server_fails_tasks_then_the_instances_recover(server, managers
     assert adapter_of(reader).report_status()["locked_keys"] == 0
 
     server.restart()  # same port, empty
-    wait_for(lambda: adapter_of(reader).report_status()["is_healthy"], 30, "reconnect")
+    for sm in (writer, reader):  # each reconnects (after its back-off) on its own
+        wait_for(lambda: adapter_of(sm).report_status()["is_healthy"], 30, "reconnect")
     write(writer, keys(range(20, 24)), range(20, 24))
     wait_stored(writer, 8 * CHUNK_BYTES)
     r = prefetch(reader, keys(range(20, 24)))
@@ -77,3 +78,51 @@ def test_a_paused_server_turns_lookups_and_loads_into_misses_while_it_is_still_p
     r = prefetch(reader, keys(range(4)))
     assert r.l2_hit_count == 4
     assert read(reader, keys(range(4))) == want(range(4))
+
+
+def _direct_adapter(url: str, n: int, size: int):
+    """Our adapter as LMCache's factory builds it, over LMCache MemoryObjs in one L1 buffer."""
+    import argparse
+    import json
+
+    import torch
+    from lmcache.cli.commands.bench.l2_adapter_bench.data import create_l1_memory_desc, make_memory_objects
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+    from mphelp import spec
+
+    cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(spec({"url": url, **FAST}))]))
+    buffer = torch.zeros(2 * n * size, dtype=torch.uint8)
+    adapter = create_l2_adapter(cfg.adapters[0], l1_memory_desc=create_l1_memory_desc(buffer))
+    return adapter, make_memory_objects(buffer, n, size, 0, fill_offset=1), make_memory_objects(buffer, n, size, n * size)
+
+
+def test_a_server_killed_during_a_load_fails_it_and_close_still_returns(server):
+    import torch
+
+    n, size = 32, 4 << 20
+    adapter, src, dst = _direct_adapter(server.url, n, size)
+    try:
+        ks = keys(range(n))
+        stored: dict = {}
+        tid = adapter.submit_store_task(ks, src)
+        wait_for(lambda: stored.update(adapter.pop_completed_store_tasks()) or tid in stored, 60, "store")
+        assert stored[tid].is_successful()
+        tid = adapter.submit_load_task(ks, dst)
+        server.kill9()  # while 128 MiB are on their way
+        loaded: list = []
+        wait_for(lambda: loaded.append(adapter.query_load_result(tid)) or loaded[-1] is not None, 60, "the load")
+        bits = loaded[-1]  # however far it got: what it reports loaded is byte-exact
+        assert all(torch.equal(src[i].raw_data, dst[i].raw_data) for i in range(n) if bits.test(i))
+        # then a paused server: a load in flight, and close() must still return
+        server.restart()
+        wait_for(lambda: adapter.report_status()["is_healthy"], 30, "reconnect")
+        stored.clear()
+        tid = adapter.submit_store_task(ks[:4], src[:4])
+        wait_for(lambda: stored.update(adapter.pop_completed_store_tasks()) or tid in stored, 60, "store")
+        assert stored[tid].is_successful()
+        os.kill(server.pid, signal.SIGSTOP)
+        adapter.submit_load_task(ks[:4], dst[:4])
+    finally:
+        adapter.close()  # bounded: pytest's timeout fails the test if it is not
+    assert adapter.report_status()["is_healthy"] is False
