@@ -192,6 +192,24 @@ def test_small_unregistered_header_is_staged_through_scratch(start_server):
     assert srv.info()["rma_gets"] == 1 and srv.info()["rma_sets"] == 1
 
 
+def test_a_burst_of_sets_on_fresh_connections_never_fails_for_want_of_scratch(start_server):
+    """512 concurrent sets with staged headers fill the scratch while new connections still
+    need a slot for their HELLO proof: those sets go by the bulk path, none fails."""
+    srv = start_server("tcp;ofi_rxm")
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, connections=4) as t:
+            n, size = 512, 64 << 10
+            arena = bytearray(n * size)
+            t.register_buffer(arena)
+            mv = memoryview(arena)
+            items = [(b"k%d" % i, [bytearray(512), mv[i * size:(i + 1) * size]]) for i in range(n)]
+            errs = await t.set_many(items, ttl_s=None, timeout=30)
+            assert [e for e in errs if e is not None] == []
+
+    asyncio.run(body())
+
+
 def test_missing_hello_is_refused(start_server):
     srv = start_server("tcp;ofi_rxm")
     srv.client().execute_command("BLOB.TCP_SET", b"k", b"v" * 100)

@@ -422,7 +422,9 @@ class FabricTransport:
 
             rel.hold()
             reply = await self._call(args_for, plan.keep, timeout, after=_first_reply, over=over, link=link)
-        except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
+        # NoSlot here: a new session's HELLO proof found the scratch taken by staged headers
+        # (a burst of sets on fresh connections); like a get, the set falls back to bulk.
+        except (TransferFailed, NoFabricSession, OutsideRegions, NoSlot) as exc:
             left = deadline - loop.time()
             if not (self._bulk_fallback and left > 0):
                 raise
