@@ -156,7 +156,9 @@ def run_lookup(name: str, spec: dict[str, Any], server: ValkeyServer, rounds: in
     try:
         keys = [make_object_keys(LOOKUP_KEYS, model_name="lookup-model", key_offset=1_000_000)]
         objs = [make_memory_objects(buffer, LOOKUP_KEYS, size, 0)]
-        bench_store(adapter, 1, LOOKUP_KEYS, size, 1, lambda r: keys, lambda r: objs, quiet)
+        st = bench_store(adapter, 1, LOOKUP_KEYS, size, 1, lambda r: keys, lambda r: objs, quiet)
+        if st.timed_out_rounds or min(st.success_counts or [0]) != LOOKUP_KEYS:
+            return "failed: the 512 keys were not all stored"
         r = bench_lookup(adapter, 1, LOOKUP_KEYS, rounds, lambda r: keys, quiet, 1.0, LOOKUP_KEYS * rounds)
         if getattr(adapter, "submit_unlock", None):
             for _ in range(rounds):
