@@ -330,15 +330,17 @@ class ReplyParser:
         self._await_crlf = True
 
     def _charge(self, nbytes: int, what: str) -> None:
+        """Count one value of ``nbytes`` against the reply's bound (``what``: a constant, so
+        that the common path formats nothing)."""
         self._budget -= nbytes + ITEM_COST
         if self._budget < 0:
-            raise ProtocolError(f"{what} exceeds the {self._bound}-byte bound of this reply")
+            raise ProtocolError(f"{what} of {nbytes} bytes exceeds the {self._bound}-byte bound of this reply")
 
     def _start_bulk(self, length: int, sink: Sink | None) -> None:
         """Header ``$length`` parsed; route the payload."""
         self._total = length
         if sink is None:
-            self._charge(length, f"a bulk string of {length} bytes")
+            self._charge(length, "a bulk string")
             avail = self._end - self._start
             if avail >= length + 2:  # fast path: small bulk already here
                 s = self._start
@@ -482,20 +484,26 @@ class ReplyParser:
                 else:
                     raise ProtocolError(f"bad bulk length {n}")
             elif kind == 43:  # '+'
-                self._charge(len(line), f"a status of {len(line)} bytes")
-                self._value(_OK if line == b"OK" else SimpleString(line))
+                if line == b"OK":  # what SET answers: counted inline, no call
+                    self._budget -= 2 + ITEM_COST
+                    if self._budget < 0:
+                        self._charge(0, "a status")
+                    self._value(_OK)
+                else:
+                    self._charge(len(line), "a status")
+                    self._value(SimpleString(line))
             elif kind == 58:  # ':'
                 self._charge(0, "an integer")
                 self._value(_number(line, "integer"))
             elif kind == 45:  # '-'
-                self._charge(len(line), f"an error of {len(line)} bytes")
+                self._charge(len(line), "an error")
                 self._value(server_error(line.decode("utf-8", "replace")))
             elif kind == 42:  # '*'
                 n = _number(line, "array length")
                 if n > 0:
                     if len(self._stack) >= MAX_DEPTH:
                         raise ProtocolError(f"arrays nested deeper than {MAX_DEPTH}")
-                    self._charge(n * ITEM_COST, f"an array of {n}")
+                    self._charge(n * ITEM_COST, f"an array of {n} elements" if n * ITEM_COST > self._budget else "an array")
                     self._stack.append([n, []])
                 elif n == 0:
                     self._charge(0, "an array")
