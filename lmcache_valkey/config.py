@@ -75,7 +75,7 @@ class Settings:
     connections_per_node: int = 4
     ttl_s: float | None = None
     max_chunk_bytes: int = 256 << 20
-    transport: str = "auto"  # auto | tcp | fabric
+    transport: str = "auto"  # auto | tcp | fabric (alias rdma) | blob-tcp
     fabric: FabricSettings = field(default_factory=FabricSettings)
     key_prefix: str = "lmcv"
     # Anything else that changes the KV bytes but LMCache does not know about:
@@ -303,6 +303,17 @@ def _read_password_file(key: str, path: str) -> str:
         raise ConfigError(key, f"a readable file ({e.strerror})", path) from None
 
 
+# Transports: RESP strings (tcp), large objects by RDMA (fabric; "rdma" as ElastiCache names
+# it) or inline over RESP (blob-tcp), or the best the server and host offer (auto).
+TRANSPORTS = ("auto", "tcp", "fabric", "blob-tcp")
+_TRANSPORT_ALIASES = {"rdma": "fabric"}
+
+
+def _as_transport(key: str, value: Any) -> str:
+    v = _as_str(key, value).strip().lower()
+    return _as_choice(key, _TRANSPORT_ALIASES.get(v, v), TRANSPORTS)
+
+
 # key -> (field name, parser). Parsers get (key, raw) and return the typed value.
 _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "cluster": ("cluster", lambda k, v: _as_choice(k, v, ("auto", "yes", "no"))),
@@ -316,7 +327,7 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "connections_per_node": ("connections_per_node", lambda k, v: _as_int(k, v, minimum=1, maximum=64)),
     "ttl_s": ("ttl_s", lambda k, v: _as_float(k, v, allow_zero=True) or None),
     "max_chunk_bytes": ("max_chunk_bytes", _as_size),
-    "transport": ("transport", lambda k, v: _as_choice(k, v, ("auto", "tcp", "fabric"))),
+    "transport": ("transport", lambda k, v: _as_transport(k, v)),
     "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, _as_str(k, v))),
     "model_revision": ("model_revision", _as_str),
 }

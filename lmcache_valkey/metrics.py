@@ -79,7 +79,7 @@ PREFIX = "lmcache_valkey"
 
 # --- closed label sets -------------------------------------------------------------------
 TIERS = ("ram", "nvme", "s3")
-TRANSPORTS = ("resp", "fabric", "local")
+TRANSPORTS = ("resp", "fabric", "blob-tcp", "local")
 # Why a chunk that was asked for did not arrive (errors.py ``cause`` / CorruptChunk ``reason``).
 MISS_CAUSES = (
     "absent",  # not in this tier

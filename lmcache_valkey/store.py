@@ -703,9 +703,10 @@ async def open_store(
 ) -> ChunkStore:
     """Connect the transport that ``settings.transport`` asks for and wrap it in a store.
 
-    ``tcp``: RESP over TCP/TLS/Unix. ``fabric``: libfabric RMA through the
-    endpoint module, failing at start-up if it cannot be used. ``auto``: fabric
-    when the endpoint answers and the provider opens, else RESP.
+    ``tcp``: RESP over TCP/TLS/Unix. ``fabric``: libfabric RMA through a large-object
+    module (ours or valkey-large-object), failing at start-up if it cannot be used.
+    ``blob-tcp``: the same large objects moved inline over RESP (``BLOB.TCP_*``).
+    ``auto``: fabric when the module answers and the provider opens, else RESP strings.
 
     ``tiering`` (enabled): lower tiers behind RAM, through a ``tierd`` next to
     Valkey (mode ``service``) or a manager embedded in this process (``embedded``).
@@ -720,6 +721,11 @@ async def open_store(
             transport = await _open_fabric(settings)
             if transport is not None:
                 name = "fabric"
+        elif settings.transport == "blob-tcp":
+            from .transport.blob_tcp import open_blob_tcp
+
+            transport = await open_blob_tcp(settings)
+            name = "blob-tcp"
         resp: Any = None
         if transport is None or (tiering is not None and tiering.enabled):
             resp = RespClient(settings)

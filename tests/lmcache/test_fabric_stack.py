@@ -10,12 +10,14 @@ from lmcache_valkey.integrations.lmcache.stack import Layout
 from support.servers import ValkeyServer, endpoint_args
 
 
+@pytest.mark.parametrize("transport", ["fabric", "blob-tcp"])
 @pytest.mark.parametrize("chunk_size,n", [(32, 6), (256, 3)])  # 4 MiB and 32 MiB chunks
-def test_rma_put_and_get_through_lmcache_are_byte_exact(blob_server, make_stack, chunk_size, n):
-    lay = Layout(model="fabric", num_layers=32, num_kv_heads=8, head_dim=128, chunk_size=chunk_size)
-    stack = make_stack({"url": blob_server.url, "transport": "fabric", "fabric_provider": "tcp;ofi_rxm"},
+def test_large_object_put_and_get_through_lmcache_are_byte_exact(blob_server, make_stack, chunk_size, n, transport):
+    """Both large-object transports: RMA into LMCache's arena, and BLOB.TCP_* inline."""
+    lay = Layout(model=transport, num_layers=32, num_kv_heads=8, head_dim=128, chunk_size=chunk_size)
+    stack = make_stack({"url": blob_server.url, "transport": transport, "fabric_provider": "tcp;ofi_rxm"},
                        layout=lay, cpu_gb=0.5 if chunk_size == 32 else 0.8)
-    assert stack.connector is not None and stack.connector.store.transport_name == "fabric"
+    assert stack.connector is not None and stack.connector.store.transport_name == transport
     baseline = allocated_bytes(stack)
     keys = [lay.key(i) for i in range(n)]
     objs = [filled(stack, i) for i in range(n)]
@@ -31,8 +33,11 @@ def test_rma_put_and_get_through_lmcache_are_byte_exact(blob_server, make_stack,
     for g in got + [one]:
         g.ref_count_down()
     assert allocated_bytes(stack) == baseline
-    moved = stack.connector.store.transport.stats
-    assert moved.get("bulk_fallbacks", 0) == 0, moved  # the bytes went by RMA, not the TCP fallback
+    if transport == "fabric":
+        moved = stack.connector.store.transport.stats
+        assert moved.get("bulk_fallbacks", 0) == 0, moved  # the bytes went by RMA, not the TCP fallback
+    assert blob_server.cmd("TYPE", stack.connector.store.namespace.data_key(
+        stack.connector.store.namespace.chunk_id(keys[0].to_string()))) != b"string"
 
 
 def test_auto_uses_fabric_when_the_endpoint_answers_and_tcp_otherwise(blob_server, valkey_server, make_stack):

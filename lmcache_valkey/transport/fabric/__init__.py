@@ -21,10 +21,12 @@ from .errors import (
     UnregisteredBuffer,
     WindowTooSmall,
 )
+from .cluster import ClusterFabricTransport
 from .factory import open_fabric_transport
 from .transport import DATA_PATHS, FabricTransport
 
 __all__ = [
+    "ClusterFabricTransport",
     "DATA_PATHS",
     "PROVIDERS",
     "FabricEndpoint",

@@ -12,6 +12,7 @@ discarded on the way out of the pool. Knows nothing of buffers or RMA.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,26 @@ class _WholeErrorParser(vconn.DefaultParser):
         return exc
 
 
+
+
+class _TLSConnection(vconn.Connection):
+    """A control connection over TLS with the transport's own context (CA, client
+    certificate, verification) and server name, the same ones the RESP transport uses."""
+
+    def __init__(self, *, ssl_context: ssl.SSLContext, server_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ssl_context = ssl_context
+        self._server_name = server_name
+
+    def _connection_arguments(self) -> Any:
+        kwargs = dict(super()._connection_arguments())
+        kwargs["ssl"] = self._ssl_context
+        kwargs["server_hostname"] = self._server_name or self.host
+        return kwargs
+
+
+def connection_class(conn_kwargs: dict[str, Any]) -> type[vconn.Connection]:
+    return _TLSConnection if "ssl_context" in conn_kwargs else vconn.Connection
 
 
 class ErrorReply(Exception):
@@ -73,7 +94,7 @@ class SessionPool:
         return f"{self._kwargs['host']}:{self._kwargs['port']}"
 
     async def _open(self) -> Session:
-        raw = vconn.Connection(**self._kwargs)
+        raw = connection_class(self._kwargs)(**self._kwargs)
         epoch = self._epoch
 
         async def send(args: Sequence[Any]) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -71,6 +72,8 @@ class FabricTransport:
         hmem: bool = False,
         scratch_bytes: int = 1 << 20,
         bulk_fallback: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
+        server_name: str | None = None,
     ) -> None:
         if data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {DATA_PATHS}, got {data_path!r}")
@@ -85,6 +88,8 @@ class FabricTransport:
             host=host, port=port, db=db, username=username, password=password,
             socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
         )
+        if ssl_context is not None:  # TLS on the control connections (the RMA payload is the fabric's)
+            self._conn_kwargs.update(ssl_context=ssl_context, server_name=server_name)
         self._max_conns = connections
         self._spec = EndpointSpec(provider, bind_addr, hmem)
         self._scratch_bytes = scratch_bytes
@@ -317,7 +322,7 @@ class FabricTransport:
         (right away after a reply; later if the caller was cancelled or timed out, at the
         latest once the link was revoked): the moment to hand a MemoryObj back to its
         allocator."""
-        rel = _Release(on_release)
+        rel = ReleaseBarrier(on_release)
         try:
             if self.data_path == "bulk":
                 return await self._get_bulk(key, bufs, timeout)
@@ -341,7 +346,7 @@ class FabricTransport:
         finally:
             rel.drop()
 
-    async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, rel: "_Release", *, partial: bool) -> int | None:
+    async def _get_rma(self, key: bytes, bufs: Sequence[Any], timeout: float, rel: "ReleaseBarrier", *, partial: bool) -> int | None:
         loop = asyncio.get_running_loop()
         link = await self._current_link(loop.time() + timeout)
         plan = link.plan(bufs, writable=True)
@@ -383,14 +388,14 @@ class FabricTransport:
         """Stores the concatenation of ``parts`` under ``key`` (server reads them by RMA).
         A fabric failure falls back to the bulk path within the same deadline.
         ``on_release()``: as for ``get_into`` (the server may read ``parts`` until then)."""
-        rel = _Release(on_release)
+        rel = ReleaseBarrier(on_release)
         try:
             await self._set_from(key, parts, ttl_s, timeout, rel)
         finally:
             rel.drop()
 
     async def _set_from(self, key: bytes, parts: Sequence[Any], ttl_s: float | None, timeout: float,
-                        rel: "_Release") -> None:
+                        rel: "ReleaseBarrier") -> None:
         ttl_ms = max(1, math.ceil(ttl_s * 1000)) if ttl_s else None
         if self.data_path == "bulk":
             return await self._set_bulk(key, parts, ttl_ms, timeout)
@@ -508,6 +513,10 @@ class FabricTransport:
         """(length, crc32c) of a stored value, or None."""
         return commands.parse_info_reply(await self._call(lambda ms: [commands.INFO, key], None, timeout))
 
+    async def control(self, *args: Any, timeout: float = 5.0) -> Any:
+        """One command on a plain connection (no fabric session): topology, diagnostics."""
+        return await self._call(lambda ms: list(args), None, timeout)
+
     async def command(self, *args: Any, timeout: float = 5.0) -> Any:
         """Sends one raw command on a pooled connection that carries a fabric session
         (diagnostics and dialect tests); error replies raise the mapped exception."""
@@ -582,9 +591,10 @@ class FabricTransport:
         await self.close()
 
 
-class _Release:
+class ReleaseBarrier:
     """Calls ``cb`` once every holder let go: the public call itself (one hold) plus each
-    transfer attempt, whose hold ends with the transport's ``over`` hook."""
+    transfer attempt, whose hold ends with the transport's ``over`` hook (or, for the
+    cluster transport, with a node's own release of the attempt)."""
 
     __slots__ = ("_cb", "_n")
 

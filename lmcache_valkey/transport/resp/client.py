@@ -48,18 +48,20 @@ MAX_NODES = 1024
 CONTROL_SLACK = 1 << 20
 
 
-def _set_op(index: int, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> Op:
-    data, size = _set_parts(key, parts, ttl_s)
+def _set_op(index: int, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None,
+            verb: bytes = b"SET") -> Op:
+    data, size = _set_parts(key, parts, ttl_s, verb)
     return Op(index, data, None, key, size)
 
 
-def _get_op(index: int, key: bytes, bufs: Sequence[Any]) -> Op:
+def _get_op(index: int, key: bytes, bufs: Sequence[Any], verb: bytes = b"GET") -> Op:
     sink = _sink(bufs)
-    return Op(index, (b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key),), sink, key,
+    return Op(index, (b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(verb), verb, len(key), key),), sink, key,
               sum(len(b) for b in sink))
 
 
-def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None) -> tuple[list[Any], int]:
+def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | None,
+               verb: bytes = b"SET") -> tuple[list[Any], int]:
     views = [p if isinstance(p, bytes) else as_byte_view(p) for p in parts]
     total = sum(len(v) for v in views)
     if ttl_s:
@@ -69,7 +71,7 @@ def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | N
     else:
         trailer = b"\r\n"
         n = 3
-    header = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(key), key, total)
+    header = b"*%d\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(verb), verb, len(key), key, total)
     if total < SMALL_JOIN:
         return [b"".join([header, *views, trailer])], total
     return [header, *(v for v in views if len(v)), trailer], total
@@ -108,6 +110,10 @@ async def _detect_cluster(conn: Any, node: Node, bound: int) -> bool:
 
 
 class RespClient:
+    # The commands values move with: Valkey strings. A subclass may store values as another
+    # type with the same shapes (transport/blob_tcp.py: valkey-large-object's TCP commands).
+    GET_VERB = b"GET"
+    SET_VERB = b"SET"
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._ssl = make_ssl_context(settings.tls) if settings.tls is not None else None
@@ -324,7 +330,7 @@ class RespClient:
         Bytes beyond the buffers' total capacity are dropped; a shorter value
         fills only the start. Raises TransportError (incl. DeadlineExceeded).
         """
-        (r,) = await self._run([_get_op(0, key, bufs)], large=True, timeout=timeout)
+        (r,) = await self._run([_get_op(0, key, bufs, self.GET_VERB)], large=True, timeout=timeout)
         return self._get_result(r, raise_=True)
 
     @staticmethod
@@ -341,7 +347,7 @@ class RespClient:
     async def get_many_into(
         self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
     ) -> list[int | None | TransportError]:
-        ops = [_get_op(i, k, bufs) for i, (k, bufs) in enumerate(items)]
+        ops = [_get_op(i, k, bufs, self.GET_VERB) for i, (k, bufs) in enumerate(items)]
         return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
     async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
@@ -366,7 +372,7 @@ class RespClient:
         self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
     ) -> None:
         """SET ``key`` to the concatenation of ``parts`` (sent as separate buffers, never joined)."""
-        (r,) = await self._run([_set_op(0, key, parts, ttl_s)], large=True, timeout=timeout)
+        (r,) = await self._run([_set_op(0, key, parts, ttl_s, self.SET_VERB)], large=True, timeout=timeout)
         err = self._set_result(r)
         if err is not None:
             raise err
@@ -374,7 +380,7 @@ class RespClient:
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]:
-        ops = [_set_op(i, k, parts, ttl_s) for i, (k, parts) in enumerate(items)]
+        ops = [_set_op(i, k, parts, ttl_s, self.SET_VERB) for i, (k, parts) in enumerate(items)]
         return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:

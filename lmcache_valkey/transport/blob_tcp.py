@@ -1,0 +1,104 @@
+"""The ``blob-tcp`` transport: values stored as valkey-large-object objects, moved inline
+over RESP with ``BLOB.TCP_SET`` / ``BLOB.TCP_GET`` -- for servers where RDMA is unavailable
+(ElastiCache distributed KV caching over TCP, or either module self-hosted).
+
+Everything else is the RESP transport's: slot routing and MOVED/ASK in Valkey Cluster, TLS,
+striping over connections, deadlines, and the ``TCP_GET`` reply's payload received straight
+into the caller's buffers (no copy). Lookups and deletes use the core ``EXISTS`` / ``UNLINK``,
+which work on large-object keys. Differences from string values:
+
+- a TTL follows as ``PEXPIRE`` in a second round trip (the documented ``TCP_SET`` takes no
+  expiry), only when one is configured;
+- no range read: a chunk header is read with a header-sized ``TCP_GET`` (the rest of the
+  value is received and dropped).
+
+Knows nothing of keys or chunks; never imports the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Sequence
+
+from ..errors import FabricUnavailable, ServerError, TransportError
+from .fabric import commands
+from .resp import RespClient
+from .resp.parser import encode_command
+from .resp.pool import Op
+
+__all__ = ["BlobTcpClient", "probe_key"]
+
+
+def probe_key(settings: Any) -> bytes:
+    """A key inside the tenant's namespace (its ACL user may name it) that no chunk uses:
+    ``BLOB.INFO`` of it answers nil where the large-object commands exist."""
+    return f"{settings.key_prefix}:{settings.tenant}:probe:large-object".encode()
+
+
+class BlobTcpClient(RespClient):
+    GET_VERB = commands.TCP_GET.encode()
+    SET_VERB = commands.TCP_SET.encode()
+    getrange_into = None  # large objects have no range read (the store then GETs a header-sized window)
+
+    async def start(self) -> None:
+        await super().start()
+        await self.probe()
+
+    async def probe(self) -> None:
+        """Whether the large-object commands are there, asked with a documented command
+        (``BLOB.INFO`` of a missing key answers nil) -- no ``MODULE LIST``, no ``CONFIG``,
+        which managed services refuse. Raises FabricUnavailable when they are not."""
+        key = probe_key(self.settings)
+        try:
+            reply = await self._node_call(self._route(key), (commands.INFO, key), self.settings.connect_timeout_s)
+        except ServerError as e:
+            raise FabricUnavailable(f"the server does not answer {commands.INFO} (no large-object module?): {e}") from e
+        if reply is not None:
+            raise FabricUnavailable(f"unexpected {commands.INFO} reply for a missing key: {reply!r}")
+
+    async def set(self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None,
+                  timeout: float) -> None:
+        started = time.monotonic()
+        await super().set(key, parts, ttl_s=None, timeout=timeout)
+        if ttl_s:
+            (err,) = await self._expire([key], ttl_s, timeout - (time.monotonic() - started))
+            if err is not None:
+                raise err
+
+    async def set_many(
+        self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
+    ) -> list[TransportError | None]:
+        started = time.monotonic()
+        results = await super().set_many(items, ttl_s=None, timeout=timeout)
+        if ttl_s:
+            stored = [i for i, r in enumerate(results) if r is None]
+            errs = await self._expire([items[i][0] for i in stored], ttl_s, timeout - (time.monotonic() - started))
+            for i, err in zip(stored, errs):
+                results[i] = err
+        return results
+
+    async def _expire(self, keys: Sequence[bytes], ttl_s: float, timeout: float) -> list[TransportError | None]:
+        if not keys:
+            return []
+        ms = max(1, int(ttl_s * 1000))
+        ops = [Op(i, (encode_command((commands.EXPIRE, k, ms)),), None, k) for i, k in enumerate(keys)]
+        out: list[TransportError | None] = []
+        for r in await self._run(ops, large=False, timeout=max(0.001, timeout)):
+            if isinstance(r, TransportError):
+                out.append(r)
+            elif r != 1:  # 0: the key vanished between the two commands (deleted, evicted)
+                out.append(ServerError(f"{commands.EXPIRE} did not apply (reply {r!r})"))
+            else:
+                out.append(None)
+        return out
+
+
+async def open_blob_tcp(settings: Any) -> BlobTcpClient:
+    client = BlobTcpClient(settings)
+    try:
+        await client.start()
+    except BaseException:
+        await asyncio.shield(client.close())
+        raise
+    return client
