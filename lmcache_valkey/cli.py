@@ -42,7 +42,7 @@ def _add_connection_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--password-file")
     g.add_argument("--tls-ca-file")
     g.add_argument("--tenant")
-    g.add_argument("--transport", choices=("auto", "tcp", "fabric"))
+    g.add_argument("--transport", choices=("auto", "tcp", "fabric", "rdma", "blob-tcp"))
 
 
 def plugin_keys_from_yaml(path: str, plugin: str) -> dict[str, Any]:

@@ -63,6 +63,8 @@ class Doctor:
                 self.add(name, SKIP, "not reachable")
             await self._guard(self._secret)
         await self._guard(self._fabric)
+        if connected:
+            await self._guard(self._transport)
         await self._guard(self._tiering)
         if self.s3_bucket:
             await self._guard(self._s3)
@@ -197,7 +199,7 @@ class Doctor:
     def _worker_line(self) -> str:
         s = self.settings
         return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
-                               tiering=True, fabric=s.transport == "fabric", db=s.db)
+                               tiering=True, fabric=s.transport in ("fabric", "blob-tcp"), db=s.db)
 
     def _is_cluster(self) -> bool:
         return bool(getattr(self._client, "is_cluster", False))
@@ -268,12 +270,12 @@ class Doctor:
         wants = self.settings.transport in ("fabric", "auto")
         try:
             names = sorted(_module_names(await self._client.command("MODULE", "LIST", timeout=t)))
-        except AuthError:
-            names = ["(MODULE LIST not allowed for this user)"]
+        except ServerError as e:  # ACL, or a managed service without MODULE: the probe below decides
+            names = [f"(MODULE LIST refused: {e.message.split(' ', 1)[0]})"]
         try:
             info = await self._client.command("COMMAND", "INFO", HELLO, timeout=t)
             loaded = bool(info) and info[0] is not None
-        except AuthError:
+        except ServerError:  # refused by the ACL or by a managed service
             # The worker line refuses COMMAND; ask the command itself: the server answers an
             # unknown command before it consults the ACL (and checks arity before it too).
             try:
@@ -292,8 +294,8 @@ class Doctor:
             self.add("modules", OK, f"transport tcp; modules: {', '.join(names) or 'none'}")
 
     async def _fabric(self) -> None:
-        if self.settings.transport == "tcp":
-            self.add("fabric", SKIP, "transport is tcp")
+        if self.settings.transport in ("tcp", "blob-tcp"):
+            self.add("fabric", SKIP, f"transport is {self.settings.transport}")
             return
         from .errors import FabricUnavailable
         from .transport.fabric import FabricEndpoint, libfabric_version
@@ -310,6 +312,69 @@ class Doctor:
                      "pick an offered provider in fabric_provider (see `fi_info -l`), or set transport: tcp")
             return
         self.add("fabric", OK, f"libfabric {version}: provider {opened} opens")
+
+    async def _transport(self) -> None:
+        """The transport the plugin will pick here, in which dialect, over which provider,
+        and why -- asked with documented commands only (no MODULE LIST, no CONFIG) -- and, for
+        a large-object server without our extensions, what that leaves open."""
+        from dataclasses import replace
+
+        s = self.settings
+        if s.transport == "tcp":
+            self.add("transport", OK, "tcp: chunks as Valkey strings over RESP (transport: tcp)")
+            return
+        why_not_fabric = ""
+        if s.transport in ("fabric", "auto"):
+            from .transport.fabric import open_fabric_transport
+
+            fabric = replace(s.fabric, provider=self.fabric_provider or s.fabric.provider)
+            try:
+                t = await asyncio.wait_for(open_fabric_transport(replace(s, fabric=fabric)), s.connect_timeout_s + 10)
+            except Exception as e:  # noqa: BLE001 -- any refusal is the reason auto falls back
+                why_not_fabric = f"{type(e).__name__}: {e}"
+            else:
+                try:
+                    self._report_fabric(t)
+                finally:
+                    await t.close()
+                return
+            if s.transport == "fabric":
+                self.add("transport", FAIL, f"fabric cannot be used: {why_not_fabric}",
+                         "see the modules and fabric checks above, or set transport: blob-tcp or tcp")
+                return
+        key = f"{s.key_prefix}:{s.tenant}:probe:large-object".encode()
+        try:
+            has_blob = await self._client.command("BLOB.INFO", key, key=key, timeout=s.op_timeout_s) is None
+        except ServerError:
+            has_blob = False
+        if s.transport == "blob-tcp":
+            if has_blob:
+                self.add("transport", OK, "blob-tcp: chunks as large objects (BLOB.TCP_SET/BLOB.TCP_GET), chosen by "
+                                          "transport: blob-tcp; the server answers BLOB.INFO")
+            else:
+                self.add("transport", FAIL, "blob-tcp: the server does not answer BLOB.INFO (no large-object module)",
+                         "load valkey-large-object or our module (endpoint/), or set transport: tcp")
+            return
+        hint = "; the server has the large-object commands: transport: blob-tcp would keep chunks there" if has_blob else ""
+        self.add("transport", OK, f"auto chose tcp (RESP strings): fabric not possible ({why_not_fabric}){hint}")
+
+    def _report_fabric(self, t: Any) -> None:
+        nodes = getattr(t, "nodes", None)
+        one = next(iter(nodes.values())) if nodes else t
+        provider = one.endpoint.provider if one.endpoint is not None else "?"
+        where = f"{len(nodes)} cluster primaries" if nodes else "one node"
+        tls = ", TLS control connections" if self.settings.tls is not None else ""
+        detail = (f"fabric: valkey-large-object dialect (BLOB.RDMA_*), provider {provider}, {where}{tls}; chosen "
+                  f"because the server answered BLOB.RDMA_HELLO and the provider opened")
+        if t.peer_proof:
+            self.add("transport", OK, detail + "; extensions on: each session proved its fabric address, "
+                                               "transfers confined to declared regions")
+        else:
+            self.add("transport", WARN, detail + "; the server has none of our extensions (upstream module or "
+                     "extensions no): any client allowed BLOB.* can claim this worker's fabric address, so only "
+                     "the secrecy of its remote keys keeps others out of its registered memory",
+                     "with our module set require_proof yes; otherwise keep tenants off MONITOR/SLOWLOG/CLIENT and "
+                     "confine the fabric network (docs/security.md, Server module and fabric peers)")
 
     async def _tiering(self) -> None:
         """The tiering keys of --config, checked as the worker will use them: with

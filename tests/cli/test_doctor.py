@@ -84,6 +84,40 @@ def test_loaded_fabric_module_and_provider_pass():
     assert checks["fabric"]["status"] == "ok", checks
 
 
+def _module_server(*extra: str) -> ValkeyServer:
+    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
+    return ValkeyServer(args=["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1", *extra])
+
+
+def test_the_chosen_transport_dialect_and_provider_are_reported():
+    with _module_server("require_proof", "yes") as s:
+        code, checks = doctor("--url", s.url, "--transport", "auto")
+    t = checks["transport"]
+    assert code == 0 and t["status"] == "ok", checks
+    assert "BLOB.RDMA" in t["detail"] and "tcp;ofi_rxm" in t["detail"] and "proved" in t["detail"]
+
+
+def test_a_large_object_server_without_our_extensions_is_a_stated_risk():
+    with _module_server("extensions", "no") as s:
+        code, checks = doctor("--url", s.url, "--transport", "fabric")
+    t = checks["transport"]
+    assert t["status"] == "warn" and "remote keys" in t["detail"] and "require_proof" in t["fix"], t
+
+
+def test_blob_tcp_is_checked_with_a_documented_command(valkey_server):
+    with _module_server() as s:
+        code, checks = doctor("--url", s.url, "--transport", "blob-tcp")
+    assert checks["transport"]["status"] == "ok" and "BLOB.TCP_SET" in checks["transport"]["detail"], checks
+    assert checks["fabric"]["status"] == "skip"
+    code, checks = doctor("--url", valkey_server.url, "--transport", "blob-tcp")
+    assert code == 1 and checks["transport"]["status"] == "fail" and "BLOB.INFO" in checks["transport"]["detail"]
+
+
+def test_auto_says_why_it_fell_back_to_strings(valkey_server):
+    code, checks = doctor("--url", valkey_server.url, "--transport", "auto")
+    assert checks["transport"]["status"] == "ok" and "auto chose tcp" in checks["transport"]["detail"], checks
+
+
 def test_s3_down_is_named_and_s3_up_passes(valkey_server):
     from moto.server import ThreadedMotoServer
 
