@@ -75,3 +75,12 @@ def test_ci_installs_exactly_the_cpu_torch_before_lmcache():
     package_step = setup.index('-e ".[lmcache')
     assert torch_step < package_step
     assert "-c .venv/ci-constraints.txt -e" in setup
+
+
+def test_the_wheel_ships_every_source_of_the_server_module(wheel):
+    """`lmcache-valkey endpoint build` compiles what the wheel carries: all of endpoint/."""
+    shipped = {n[len("lmcache_valkey/_endpoint/"):] for n in zipfile.ZipFile(wheel).namelist()
+               if n.startswith("lmcache_valkey/_endpoint/")}
+    tracked = subprocess.run(["git", "ls-files", "endpoint"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked and shipped == {p[len("endpoint/"):] for p in tracked}

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import re
 import time
 
 import pytest
+from support.procs import sigterm_and_collect
 from tierhelp import NS, chunk, ram_get, resp_client
 
 from lmcache_valkey.tiering import TierClient
@@ -24,16 +24,6 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", *argv], capture_output=True, text=True, timeout=60)
 
 
-
-def _stop(proc: subprocess.Popen) -> str:
-    """SIGTERM, as Kubernetes stops the sidecar; its output."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out
 
 def _put_with_hints(server, items) -> None:
     async def body() -> None:
@@ -90,7 +80,7 @@ def test_tierd_process_cli_controls_and_sigterm(small_valkey, nvme_dir, moto_s3)
         stats = json.loads(_cli("stats", *ctl, "--json").stdout)
         assert stats["s3"]["hits"] == 4
     finally:
-        out = _stop(proc)
+        out = sigterm_and_collect(proc)
     assert proc.returncode == 0, out
     assert "draining the flush backlog" in out
 
@@ -135,7 +125,7 @@ def test_drain_reports_progress_and_stats_read_like_a_report(small_valkey, nvme_
         r = _cli("drain", *ctl, "--timeout", "40")
         assert r.returncode == 0 and "flush backlog drained" in r.stdout, r.stdout + r.stderr
     finally:
-        out = _stop(proc)
+        out = sigterm_and_collect(proc)
     assert proc.returncode == 0, out
 
 
