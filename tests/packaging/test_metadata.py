@@ -51,7 +51,7 @@ def test_version_is_one_value_everywhere(wheel_metadata):
 
 def test_requirements_are_ranges_and_never_pin_torch_or_lmcache(wheel_metadata):
     reqs = [Requirement(r) for r in wheel_metadata.get_all("Requires-Dist")]
-    extras_only = {"test", "vllm-test", "sglang-test"}  # tooling for our own test environments
+    extras_only = {"test", "vllm-test", "sglang-test", "sglang-bench"}  # tooling for our own test environments
     for req in reqs:
         extra = re.search(r'extra == "([^"]+)"', str(req.marker or ""))
         if extra and extra.group(1) in extras_only:
