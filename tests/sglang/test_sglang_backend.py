@@ -193,3 +193,43 @@ def test_sglangs_storage_metrics_collector_logs_what_get_stats_returns(valkey_se
     assert all(backend.batch_set_v1(keys(1), indices(pool, [0])))
     collector = StorageMetricsCollector(labels={"storage_backend": "valkey-test"})
     collector.log_storage_metrics(backend.get_stats())
+
+
+@pytest.mark.parametrize("mla, tp_rank, tp_size", [(False, 0, 1), (True, 0, 1), (False, 1, 4), (True, 3, 8)])
+def test_sglangs_own_backend_scenario_batch_operations(valkey_server, backends, mla, tp_rank, tp_size) -> None:
+    """SGLang's Mooncake store test (13 keys, batch_set_v1 -> batch_exists -> batch_get_v1 into
+    other slots, per config); an MLA rank that is not the writer reads the writer's pages."""
+    kind = "mla" if mla else "mha"
+    pool = make_pool(kind, "page_first")
+    me = backends(valkey_server.url, pool=pool, config=make_config(mla=mla, tp_rank=tp_rank, tp_size=tp_size))
+    writer = me
+    if mla and tp_rank != 0:
+        wpool = make_pool(kind, "page_first")
+        writer = backends(valkey_server.url, pool=wpool, config=make_config(mla=True, tp_rank=0, tp_size=tp_size))
+        pool_for_set = wpool
+    else:
+        pool_for_set = pool
+    ks = keys(13, f"scenario-{kind}-{tp_rank}")
+    want = fill_pages(pool_for_set, [4 * i for i in range(13)], seed=60)
+    assert all(writer.batch_set_v1(ks, indices(pool_for_set, [4 * i for i in range(13)])))
+    assert me.batch_exists(ks) == 13
+    got_at = [4 * (13 + i) for i in range(13)]
+    assert all(me.batch_get_v1(ks, indices(pool, got_at)))
+    assert [page_bytes(pool, s) for s in got_at] == want
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_sglangs_own_backend_scenario_partial_keys(valkey_server, backends, page_size) -> None:
+    """SGLang's AIBrix store test: layer_first pages of 1 and 2 tokens, 64 layers; the plain API
+    stores and loads, and a batch starting in the middle of the stored keys hits all of them."""
+    pool = make_pool("mha", "layer_first", page_size=page_size, layers=64, heads=1, head_dim=128,
+                     dtype=torch.float16)
+    backend = backends(valkey_server.url, pool=pool)
+    ks = keys(4, f"aibrix-{page_size}")
+    assert backend.batch_exists(ks) == 0
+    values = [torch.rand((2, 64, page_size, 1, 128), dtype=torch.float16) for _ in ks]
+    assert backend.batch_set(ks, values)
+    got = backend.batch_get(ks, [torch.rand((2, 64, page_size, 1, 128), dtype=torch.float16).flatten() for _ in ks])
+    assert all(torch.equal(g, v.flatten()) for g, v in zip(got, values))
+    assert backend.batch_exists(ks) == 4
+    assert backend.batch_exists(ks[2:]) == 2
