@@ -18,13 +18,11 @@ Design note: docs/metrics.md. Never imports: anything else from this package.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -46,7 +44,6 @@ __all__ = [
     "LATENCY_BUCKETS",
     "MISS_CAUSES",
     "OPS",
-    "POOL_STATES",
     "TIERS",
     "TRANSPORTS",
     "MetricsServer",
@@ -66,11 +63,9 @@ __all__ = [
     "render_latest",
     "set_breaker_state",
     "set_flush_backlog",
-    "set_pool_connections",
     "set_registered_bytes",
     "set_tier_usage",
     "start_http_server",
-    "timed",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,7 +117,6 @@ OPS = (
     "register",
 )
 BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
-POOL_STATES = ("idle", "in_use", "connecting")
 ADMISSION_DECISIONS = ("admitted", "rejected")
 OTHER = "other"
 
@@ -243,12 +237,6 @@ REGISTERED_BYTES = Gauge(
     "Host/GPU memory registered with libfabric.",
     multiprocess_mode="livesum",
 )
-POOL_CONNECTIONS = Gauge(
-    _n("pool_connections"),
-    "Connections in the pool, by server node and state.",
-    ["node", "state"],
-    multiprocess_mode="livesum",
-)
 ADMISSIONS = Counter(
     _n("admission_decisions"), "Admission policy decisions for a lower tier.", ["tier", "decision"]
 )
@@ -298,16 +286,6 @@ def observe_latency(op: str, tier: str, transport: str, seconds: float) -> None:
     ).observe(max(seconds, 0.0))
 
 
-@contextlib.contextmanager
-def timed(op: str, tier: str, transport: str) -> Iterator[None]:
-    """``with timed("get", "ram", "resp"): ...`` observes the block's wall time (also on error)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        observe_latency(op, tier, transport, time.perf_counter() - start)
-
-
 def record_put(tier: str, transport: str, nbytes: int, ok: bool) -> None:
     """One chunk write to ``tier``; bytes count only when ``ok``."""
     t = _label("tier", tier, TIERS)
@@ -355,11 +333,6 @@ def set_breaker_state(tier: str, state: str) -> None:
 def set_registered_bytes(n: int) -> None:
     """Bytes this process has registered with libfabric."""
     REGISTERED_BYTES.set(n)
-
-
-def set_pool_connections(node: str, state: str, n: int) -> None:
-    """``n`` connections to ``node`` (``host:port``; bounded by cluster size) are in ``state``."""
-    POOL_CONNECTIONS.labels(str(node), _label("pool state", state, POOL_STATES)).set(n)
 
 
 def record_admission(tier: str, admitted: bool) -> None:

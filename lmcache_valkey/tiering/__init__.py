@@ -21,21 +21,5 @@ __all__ = [
     "TieringSettings",
     "split_tiering_keys",
     "tiering_settings_from_mapping",
-    "open_tiering",
 ]
 
-
-async def open_tiering(settings, ts: TieringSettings, valkey) -> tuple["TierClient | None", "TierManager | None"]:
-    """For the store: build the TierClient ``ts.mode`` asks for.
-
-    ``off`` -> (None, None); ``embedded`` -> a started TierManager in this process and its
-    client; ``service`` -> a remote client talking to ``tierd`` through Valkey. ``valkey`` is a
-    started RespClient; the caller closes the manager (``await manager.close()``) then the client.
-    """
-    if not ts.enabled:
-        return None, None
-    if ts.mode == "service":
-        return TierClient.remote(valkey, settings), None
-    manager = TierManager(settings, ts, valkey)
-    await manager.start()
-    return TierClient.embedded(manager), manager

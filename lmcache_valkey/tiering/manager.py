@@ -48,7 +48,8 @@ from .. import codec
 from ..config import Settings
 from ..errors import ServerError, TransportError
 from ..extras import missing_extra
-from . import _metrics, protocol, requests
+from .. import metrics
+from . import protocol, requests
 from ..keys import Namespace
 from .index import LOWER_TIERS, ChunkRead, TierIndex, data_of, marker_of, marker_value, split_data_key
 from .nvme import NvmeTier
@@ -334,12 +335,12 @@ class TierManager:
             return
         if self.admission.admit(key):
             self.stats_counters["admitted"] += 1
-            _metrics.record_admission("nvme" if self.nvme else "s3", True)
+            metrics.record_admission("nvme" if self.nvme else "s3", True)
             self._copying[key] = t = asyncio.ensure_future(self._copy_down(key, gen=self._gen(key)))
             t.add_done_callback(lambda _t, k=key: self._copying.pop(k, None))
         elif self.admission.count(key) == 1:
             self.stats_counters["rejected"] += 1
-            _metrics.record_admission("nvme" if self.nvme else "s3", False)
+            metrics.record_admission("nvme" if self.nvme else "s3", False)
 
     def _has_all_copies(self, key: bytes) -> bool:
         e = self.index.get(key)
@@ -378,7 +379,7 @@ class TierManager:
                         await self.nvme.remove(key)
                         return False
                     self.index.add(key, "nvme", value.nbytes, expires_ms=expires_ms)
-                    _metrics.record_demotion("nvme", value.nbytes)
+                    metrics.record_demotion("nvme", value.nbytes)
                     changed = True
             if self.s3 is not None and "s3" not in have and key not in self._s3_pending:
                 if self.s3.enqueue(key, value, expires_ms=expires_ms, gen=gen):
@@ -416,7 +417,7 @@ class TierManager:
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
-            _metrics.record_miss("nvme" if self.index.tiers_of(key)[:1] == ["nvme"] else "s3", "deadline")
+            metrics.record_miss("nvme" if self.index.tiers_of(key)[:1] == ["nvme"] else "s3", "deadline")
             return False
 
     async def _promote_one(self, key: bytes, deadline: float) -> bool:
@@ -435,12 +436,12 @@ class TierManager:
         for tier in self.index.tiers_of(key):
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # re-checked before every tier read (requests may have queued)
-                _metrics.record_miss(tier, "deadline")
+                metrics.record_miss(tier, "deadline")
                 break
             budget = min(self.ts.recompute_budget_s, remaining)
             if not self.cost.affordable(tier, e.value_len, budget):
                 self.stats_counters["skipped_cost"] += 1
-                _metrics.record_miss(tier, "deadline")
+                metrics.record_miss(tier, "deadline")
                 continue
             r0 = time.perf_counter()
             got = await self._read_tier(tier, key, e.value_len)
@@ -480,9 +481,9 @@ class TierManager:
                 continue
             self.stats_counters["promotions"] += 1
             self.index.touch(key)
-            _metrics.record_promotion(tier, e.value_len)
-            _metrics.record_hit(tier, e.value_len - codec.HEADER_SIZE)
-            _metrics.observe_latency("promote", tier, time.perf_counter() - t0)
+            metrics.record_promotion(tier, e.value_len)
+            metrics.record_hit(tier, "local", e.value_len - codec.HEADER_SIZE)
+            metrics.observe_latency("promote", tier, "local", time.perf_counter() - t0)
             return True
         self.stats_counters["promotion_misses"] += 1
         return False
@@ -498,7 +499,7 @@ class TierManager:
             return True
         log.warning("tiering: copy of %r belongs to another namespace; removed", key)
         self.stats_counters["foreign"] += 1
-        _metrics.record_miss("nvme", "foreign")
+        metrics.record_miss("nvme", "foreign")
         return False
 
     async def _read_tier(self, tier: str, key: bytes, value_len: int) -> ChunkRead | None:
@@ -528,7 +529,7 @@ class TierManager:
             return True
         except TransportError as e:
             log.warning("tiering: staging %r into RAM failed: %s", key, e)
-            _metrics.record_error("promote", getattr(e, "cause", "error"))
+            metrics.record_error("promote", getattr(e, "cause", "error"))
             return False
 
     # --- demotion --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 from .. import codec
 from ..errors import CorruptChunk
-from . import _metrics
+from .. import metrics
 from .buffers import BufferPool
 from .index import ChunkRead, Pins, split_data_key
 
@@ -174,7 +174,7 @@ class NvmeTier:
             self._used += e.disk_bytes
         self.stats["corrupt"] += corrupt
         for _ in range(corrupt):
-            _metrics.record_miss(self.tier, "crc")
+            metrics.record_miss(self.tier, "crc")
         self._usage()
         return entries
 
@@ -280,7 +280,7 @@ class NvmeTier:
         return self._used
 
     def _usage(self) -> None:
-        _metrics.set_tier_usage(self.tier, self._used, self.budget)
+        metrics.set_tier_usage(self.tier, self._used, self.budget)
 
     # --- write -----------------------------------------------------------------------------
     async def write(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0) -> bool:
@@ -299,8 +299,8 @@ class NvmeTier:
             raise ValueError("a chunk value is at least its header")
         if not self._make_room(disk):
             self.stats["refused_budget"] += 1
-            _metrics.record_admission(self.tier, False)
-            _metrics.record_error("demote", "overflow")
+            metrics.record_admission(self.tier, False)
+            metrics.record_error("demote", "overflow")
             return False
         fut = asyncio.get_running_loop().create_future()
         self._writing[key] = fut
@@ -312,12 +312,12 @@ class NvmeTier:
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.stats["refused_enospc"] += 1
-                _metrics.record_admission(self.tier, False)
+                metrics.record_admission(self.tier, False)
                 log.warning("nvme tier: disk full, chunk refused (%s)", e)
             else:
                 self.stats["write_errors"] += 1
                 log.warning("nvme tier: write failed: %s", e)
-            _metrics.record_error("demote", "io")
+            metrics.record_error("demote", "io")
         finally:
             self._reserved -= disk
             del self._writing[key]
@@ -327,9 +327,9 @@ class NvmeTier:
             self._used += disk
             self.stats["writes"] += 1
             self.stats["bytes_written"] += value_len
-            _metrics.record_admission(self.tier, True)
-            _metrics.record_put(self.tier, value_len, True)
-            _metrics.observe_latency("demote", self.tier, time.perf_counter() - t0)
+            metrics.record_admission(self.tier, True)
+            metrics.record_put(self.tier, "local", value_len, True)
+            metrics.observe_latency("demote", self.tier, "local", time.perf_counter() - t0)
             self._usage()
         return ok
 
@@ -451,7 +451,7 @@ class NvmeTier:
         e = self._lru.get(key)
         if e is None:
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.tier, "absent")
             return None
         self._lru.move_to_end(key)
         self.stats["reads"] += 1
@@ -465,17 +465,17 @@ class NvmeTier:
             except FileNotFoundError:
                 self._drop(key)
                 self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "absent")
+                metrics.record_miss(self.tier, "absent")
                 return None
             except OSError as err:
                 log.warning("nvme tier: read of %s failed: %s", self.path_of(key), err)
                 self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "error")
+                metrics.record_miss(self.tier, "error")
                 return None
         mv = memoryview(buf)
         self.stats["hits"] += 1
         self.stats["bytes_read"] += e.value_len
-        _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
+        metrics.observe_latency("get", self.tier, "local", time.perf_counter() - t0)
         return ChunkRead(mv[: codec.HEADER_SIZE], mv[PRELUDE : PRELUDE + header.payload_len],
                          lambda: self.buffers.release(buf))
 
@@ -491,7 +491,7 @@ class NvmeTier:
         dest = memoryview(dest).cast("B")
         if e is None or dest.nbytes != e.value_len - codec.HEADER_SIZE:
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "absent" if e is None else "oversized")
+            metrics.record_miss(self.tier, "absent" if e is None else "oversized")
             return None
         if self.direct and not (dest.nbytes % BLOCK == 0 and _address(dest) % BLOCK == 0):
             got = await self.read_value(key)
@@ -514,7 +514,7 @@ class NvmeTier:
                 if isinstance(err, FileNotFoundError):
                     self._drop(key)
                 self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "absent" if isinstance(err, FileNotFoundError) else "error")
+                metrics.record_miss(self.tier, "absent" if isinstance(err, FileNotFoundError) else "error")
                 return None
         self.stats["hits"] += 1
         self.stats["zero_copy_reads"] += 1
@@ -544,13 +544,13 @@ class NvmeTier:
         if c.reason == "format":  # another format version: a miss; the file stays (not ours to delete)
             self.stats["format_skipped"] += 1
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "format")
+            metrics.record_miss(self.tier, "format")
             self._forget(key)
             return
         log.warning("nvme tier: corrupt chunk file %s (%s); removed", self.path_of(key), c)
         self.stats["corrupt"] += 1
         self.stats["misses"] += 1
-        _metrics.record_miss(self.tier, c.reason)
+        metrics.record_miss(self.tier, c.reason)
         self._drop(key, evicted=True)
 
     # --- remove ----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import codec
 from ..errors import ConnectionLost, CorruptChunk, DeadlineExceeded, TransportError
-from . import _metrics
+from .. import metrics
 from .buffers import BufferPool
 from .index import ChunkRead, Pins, split_data_key
 from .policy import CircuitBreaker
@@ -143,7 +143,7 @@ class ObjectTier:
         self.is_wanted = is_wanted or (lambda key, gen: True)
         self.on_gone = on_gone
         self.breaker = CircuitBreaker(ts.breaker_failures, ts.breaker_reset_s,
-                                      on_change=lambda s: _metrics.set_breaker_state(self.tier, s))
+                                      on_change=lambda s: metrics.set_breaker_state(self.tier, s))
         self.pins = Pins()
         self.buffers = BufferPool(256 << 20)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()  # bounded by backlog (queued + uploading)
@@ -203,7 +203,7 @@ class ObjectTier:
         self._client = await self._stack.enter_async_context(
             session.create_client("s3", endpoint_url=self.ts.s3_endpoint_url, region_name=self.ts.s3_region, config=cfg)
         )
-        _metrics.set_breaker_state(self.tier, "closed")
+        metrics.set_breaker_state(self.tier, "closed")
         for i in range(self.ts.s3_concurrency):
             self._workers.append(asyncio.create_task(self._uploader(), name=f"lmcv-s3-upload-{i}"))
 
@@ -219,7 +219,7 @@ class ObjectTier:
         if left:
             log.warning("object tier: %d chunk(s) not flushed at close (counted as drops)", left)
             self.stats["dropped"] += left
-            _metrics.record_flush_drop(self.tier, left)
+            metrics.record_flush_drop(self.tier, left)
         await self._stack.aclose()
         return left
 
@@ -252,15 +252,15 @@ class ObjectTier:
             self._queue.put_nowait(_Item(key, mv, expires_ms, time.monotonic(), gen))
         else:
             self.stats["dropped"] += 1
-            _metrics.record_flush_drop(self.tier)
-            _metrics.record_error("flush", "overflow")
+            metrics.record_flush_drop(self.tier)
+            metrics.record_error("flush", "overflow")
             if self.stats["dropped"] in (1, 10, 100) or self.stats["dropped"] % 1000 == 0:
                 log.warning("object tier: flush queue full (%d); %d chunk(s) dropped so far",
                             self.ts.flush_queue_max, self.stats["dropped"])
             return False
         self._idle.clear()
         self.stats["enqueued"] += 1
-        _metrics.set_flush_backlog(self.tier, self.backlog)
+        metrics.set_flush_backlog(self.tier, self.backlog)
         return True
 
     async def flush(self, timeout: float | None = None) -> bool:
@@ -286,7 +286,7 @@ class ObjectTier:
                 self._holding -= 1
                 self._bytes -= item.value.nbytes
                 self._queue.task_done()
-                _metrics.set_flush_backlog(self.tier, self.backlog)
+                metrics.set_flush_backlog(self.tier, self.backlog)
                 if not self.backlog:
                     self._idle.set()
 
@@ -322,7 +322,7 @@ class ObjectTier:
                     self._drop_item(item, "io", f"failed {attempt} times ({e})")
                     return
                 self.stats["retries"] += 1
-                _metrics.record_error("flush", "io")
+                metrics.record_error("flush", "io")
                 delay = min(2.0, 0.05 * (2 ** min(attempt, 6))) * (0.5 + random.random())
                 (log.warning if attempt == 1 else log.debug)("object tier: upload failed (%s); retrying", e)
                 await asyncio.sleep(delay)
@@ -332,7 +332,7 @@ class ObjectTier:
                     self.breaker.release_probe()
                 raise
             self.breaker.success()
-            _metrics.observe_latency("flush", self.tier, time.perf_counter() - t0)
+            metrics.observe_latency("flush", self.tier, "local", time.perf_counter() - t0)
             if not self.is_wanted(item.key, item.gen):  # deleted during upload: undo
                 with contextlib.suppress(TransportError):
                     await self.delete_now(item.key)
@@ -343,8 +343,8 @@ class ObjectTier:
 
     def _drop_item(self, item: _Item, cause: str, why: str) -> None:
         self.stats["dropped"] += 1
-        _metrics.record_flush_drop(self.tier)
-        _metrics.record_error("flush", cause)
+        metrics.record_flush_drop(self.tier)
+        metrics.record_error("flush", cause)
         log.warning("object tier: upload of %s dropped: %s", self.object_key(item.key), why)
 
     # --- direct operations -----------------------------------------------------------------
@@ -383,8 +383,8 @@ class ObjectTier:
             self.breaker.success()
         self.stats["uploaded"] += 1
         self.stats["bytes_uploaded"] += body.nbytes
-        _metrics.record_put(self.tier, body.nbytes, True)
-        _metrics.record_demotion(self.tier, body.nbytes)
+        metrics.record_put(self.tier, "local", body.nbytes, True)
+        metrics.record_demotion(self.tier, body.nbytes)
 
     def _fail_direct(self, gated: bool) -> None:
         self.stats["upload_failures"] += 1
@@ -464,7 +464,7 @@ class ObjectTier:
         if not self.breaker.allow():
             self.stats["breaker_rejections"] += 1
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "connection")
+            metrics.record_miss(self.tier, "connection")
             return None
         probe = self.breaker.probing  # this read is the half-open probe
         self.stats["reads"] += 1
@@ -484,7 +484,7 @@ class ObjectTier:
                 if value_len is None:
                     self.breaker.success()
                     self.stats["misses"] += 1
-                    _metrics.record_miss(self.tier, "absent")
+                    metrics.record_miss(self.tier, "absent")
                     self._gone(key)
                     return None
             buf = self.buffers.acquire(value_len)
@@ -497,20 +497,20 @@ class ObjectTier:
         except _Absent:
             self.breaker.success()
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.tier, "absent")
             self._gone(key)
             return None
         except TransportError as e:
             self.breaker.failure()
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, e.cause)
+            metrics.record_miss(self.tier, e.cause)
             return None
         self.breaker.success()
         exp = _int_or_zero(meta.get("lmcv-exp"))
         if exp and exp <= int(time.time() * 1000):  # expired (the listing could not tell)
             self.buffers.release(buf)
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.tier, "absent")
             etag = meta.get(_ETAG)
             self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
@@ -528,14 +528,14 @@ class ObjectTier:
             if c.reason == "format":  # another format version (rolling upgrade): a miss, not ours to delete
                 self.stats["format_misses"] += 1
                 self.stats["misses"] += 1
-                _metrics.record_miss(self.tier, "format")
+                metrics.record_miss(self.tier, "format")
                 self._gone(key)
                 self.buffers.release(buf)
                 return None
             log.warning("object tier: corrupt object %s (%s); deleted", okey, c)
             self.stats["corrupt"] += 1
             self.stats["misses"] += 1
-            _metrics.record_miss(self.tier, c.reason)
+            metrics.record_miss(self.tier, c.reason)
             etag = meta.get(_ETAG)
             self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
@@ -543,7 +543,7 @@ class ObjectTier:
             return None
         self.stats["hits"] += 1
         self.stats["bytes_read"] += value_len
-        _metrics.observe_latency("get", self.tier, time.perf_counter() - t0)
+        metrics.observe_latency("get", self.tier, "local", time.perf_counter() - t0)
         return ChunkRead(mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :], lambda: self.buffers.release(buf),
                          expires_ms=exp)
 

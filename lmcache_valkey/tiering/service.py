@@ -1,6 +1,6 @@
 """``lmcache-valkey tierd``: the tier manager as a service next to Valkey, and CLI controls.
 
-The lead's CLI calls :func:`add_tierd_arguments` on its ``tierd`` sub-parser and runs
+The CLI calls :func:`add_tierd_arguments` on its ``tierd`` sub-parser and runs
 ``asyncio.run(run_tierd(args))``. Control sub-commands call :func:`tier_stats`,
 :func:`evict` and :func:`drain`, which reach a running ``tierd`` through Valkey (the same
 request list workers use, docs/tiering-promotion.md) or an in-process manager.
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..config import settings_from_mapping
 from ..errors import ConfigError
-from . import _metrics
+from .. import metrics
 from .client import TierClient
 from .manager import TierManager
 from .settings import tiering_settings_from_mapping
@@ -92,7 +92,7 @@ async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = N
     try:
         await manager.start()
         if args.metrics_port is not None:
-            metrics_server = _metrics.start_http_server(args.metrics_port, health=lambda: not stop.is_set())
+            metrics_server = metrics.start_http_server(args.metrics_port, health=lambda: not stop.is_set())
         log.info("tierd: serving tenant %s on %s", args.tenant, settings.url_for_humans)
         if ready is not None:
             ready.set()

@@ -1,6 +1,6 @@
 """Tiering settings: validated once into a frozen dataclass.
 
-The lead's config wires LMCache ``extra_config`` keys (``tiering``, ``nvme_dir``,
+Adapters pass LMCache ``extra_config`` keys (``tiering``, ``nvme_dir``,
 ``nvme_budget_bytes``, ``s3_bucket``, ...) into :func:`tiering_settings_from_mapping`;
 ``tierd`` builds the same object from its flags. Every bad value raises
 :class:`~lmcache_valkey.errors.ConfigError` naming the key. Nothing downstream re-parses.
@@ -243,7 +243,7 @@ def _replace(s: TieringSettings, **kw: Any) -> TieringSettings:
 
 
 def split_tiering_keys(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a flat plugin mapping into (tiering keys, everything else) for the lead's config."""
+    """Split a flat plugin mapping into (tiering keys, everything else) for an adapter's settings."""
     mine = {k: v for k, v in raw.items() if k in KNOWN_KEYS}
     rest = {k: v for k, v in raw.items() if k not in KNOWN_KEYS}
     return mine, rest

@@ -3,7 +3,10 @@ label sets stay closed, and multiprocess mode aggregates two real processes."""
 
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -58,10 +61,6 @@ def _exercise_every_function() -> None:
             metrics.record_error(op, cause)
     metrics.record_put("ram", "resp", 10, ok=False)
     metrics.set_registered_bytes(1 << 30)
-    metrics.set_pool_connections("127.0.0.1:6379", "idle", 3)
-    metrics.set_pool_connections("127.0.0.1:6379", "in_use", 1)
-    with metrics.timed("put", "ram", "resp"):
-        pass
 
 
 @pytest.fixture
@@ -95,7 +94,6 @@ def test_live_metrics_pass_promtool(server, tmp_path):
         "lmcache_valkey_demotions_total",
         "lmcache_valkey_breaker_state",
         "lmcache_valkey_fabric_registered_bytes",
-        "lmcache_valkey_pool_connections",
         "lmcache_valkey_admission_decisions_total",
         "lmcache_valkey_tier_used_bytes",
     ):
@@ -172,6 +170,39 @@ def test_all_is_exact():
         assert hasattr(metrics, name), name
     for fn in ("record_lookup", "record_hit", "record_miss", "start_http_server", "render_latest"):
         assert fn in metrics.__all__ and fn in public
+
+
+def _documented_families() -> set[str]:
+    """Family names from the table in docs/metrics.md (``_x`` is short for ``lmcache_valkey_x``)."""
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+    table = doc.read_text().split("## Families", 1)[1].split("\n\n", 2)[1]
+    names: set[str] = set()
+    for row in table.splitlines()[2:]:
+        for name in re.findall(r"`(_?[a-z_]+)`", row.split("|")[1]):
+            names.add(("lmcache_valkey" + name) if name.startswith("_") else name)
+    return names
+
+
+def test_every_documented_family_is_exposed_and_every_exposed_one_documented():
+    exposed = {line.split()[2] for line in metrics.render_latest().decode().splitlines()
+               if line.startswith("# TYPE lmcache_valkey_") and not line.split()[2].endswith("_created")}
+    documented = _documented_families()
+    assert len(documented) > 20
+    assert documented == exposed, (documented - exposed, exposed - documented)
+
+
+def test_every_recording_function_is_called_by_the_package():
+    """A recording function nobody calls is a family that always reads 0 (or a helper to remove)."""
+    root = pathlib.Path(metrics.__file__).parent
+    called: set[str] = set()
+    for path in root.rglob("*.py"):
+        if path.name == "metrics.py" and path.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "metrics":
+                called.add(node.attr)
+    recorders = {n for n in metrics.__all__ if n.startswith(("record_", "set_", "observe_"))}
+    assert recorders and not recorders - called, recorders - called
 
 
 def test_only_metrics_imports_prometheus_client():
@@ -263,7 +294,6 @@ LIVE_WORKER = textwrap.dedent(
     metrics.set_flush_backlog("s3", n)
     metrics.set_breaker_state("nvme", "open" if n == 3 else "closed")
     metrics.set_registered_bytes(1000 * n)
-    metrics.set_pool_connections("10.0.0.1:6379", "idle", n)
     print("ready", flush=True)
     sys.stdin.read()
     """
@@ -292,7 +322,6 @@ def test_multiprocess_live_gauges(tmp_path):
         assert s['lmcache_valkey_flush_backlog_chunks{tier="s3"}'] == 5  # livesum
         assert s['lmcache_valkey_breaker_state{tier="nvme"}'] == 1  # livemax: one is open
         assert s["lmcache_valkey_fabric_registered_bytes"] == 5000
-        assert s['lmcache_valkey_pool_connections{node="10.0.0.1:6379",state="idle"}'] == 5
 
         # A worker exits and the server marks it dead: its live gauges go.
         dead = workers.pop()

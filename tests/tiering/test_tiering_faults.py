@@ -1,4 +1,4 @@
-"""Faults found in review (docs/tiering-*.md): deletes while the object store is down or
+"""Tiering under faults (docs/tiering-*.md): deletes while the object store is down or
 slow, late hints, expiry after restart, failing uploads, memory pressure, service-mode
 deletes, stale markers, other format versions, a shared NVMe directory. Real Valkey, real
 O_DIRECT directory, moto S3 (through a proxy that can stall it)."""
@@ -55,7 +55,7 @@ def _s3(moto_s3, **kw):
     return tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url, **kw)
 
 
-# --- 1, 7: deletes while the object store is down or black-holed ----------------------------
+# --- deletes while the object store is down or black-holed ----------------------------
 def test_delete_while_s3_down_is_never_served_after_restart(small_valkey, moto_s3) -> None:
     async def main() -> None:
         ts = _s3(moto_s3)
@@ -138,7 +138,7 @@ def test_black_holed_object_store_does_not_hold_up_delete_or_expiry(small_valkey
     asyncio.run(main())
 
 
-# --- 2: a late put hint -----------------------------------------------------------------------
+# --- a late put hint -----------------------------------------------------------------------
 def test_late_put_hint_never_resurrects_a_deleted_chunk(small_valkey, moto_s3) -> None:
     async def main() -> None:
         m, client = await _manager(small_valkey, _s3(moto_s3))
@@ -166,7 +166,7 @@ def test_late_put_hint_never_resurrects_a_deleted_chunk(small_valkey, moto_s3) -
     asyncio.run(main())
 
 
-# --- 3: expiry of object copies after a restart ------------------------------------------------
+# --- expiry of object copies after a restart ------------------------------------------------
 def test_object_copy_keeps_its_expiry_after_restart(small_valkey, moto_s3) -> None:
     async def main() -> None:
         ts = _s3(moto_s3)
@@ -197,7 +197,7 @@ def test_object_copy_keeps_its_expiry_after_restart(small_valkey, moto_s3) -> No
     asyncio.run(main())
 
 
-# --- 4: failing uploads ----------------------------------------------------------------------
+# --- failing uploads ----------------------------------------------------------------------
 def test_permanently_refused_upload_is_dropped_and_not_fed_to_the_breaker(small_valkey, moto_s3) -> None:
     async def main() -> None:
         ts = tiering(s3_bucket="lmcv-no-such-bucket", s3_endpoint_url=moto_s3.url, breaker_failures=1)
@@ -246,7 +246,7 @@ def test_upload_that_keeps_failing_gives_up_after_max_retries(small_valkey, moto
     asyncio.run(main())
 
 
-# --- 6: promotion under memory pressure ------------------------------------------------------
+# --- promotion under memory pressure ------------------------------------------------------
 def test_promotion_under_memory_pressure_never_scans_inline(small_valkey, nvme_dir) -> None:
     async def main() -> None:
         ts = tiering(nvme_dir=nvme_dir, demote_high_watermark=0.02, demote_low_watermark=0.01)
@@ -278,7 +278,7 @@ def test_promotion_under_memory_pressure_never_scans_inline(small_valkey, nvme_d
     asyncio.run(main())
 
 
-# --- 8, 9a: service mode without tierd --------------------------------------------------------
+# --- service mode without tierd --------------------------------------------------------
 def test_store_delete_removes_ram_and_marker_without_tierd(small_valkey) -> None:
     async def main() -> None:
         from dataclasses import replace
@@ -324,7 +324,7 @@ def test_request_list_is_bounded_while_tierd_is_down(small_valkey, monkeypatch) 
     asyncio.run(main())
 
 
-# --- 9b, 9c: bounded request handling, byte-bounded write-behind ------------------------------
+# --- bounded request handling, byte-bounded write-behind ------------------------------
 def test_requests_handled_at_most_serve_max_at_once(small_valkey, nvme_dir, monkeypatch) -> None:
     from lmcache_valkey.tiering import manager as manager_mod
 
@@ -382,7 +382,7 @@ def test_write_behind_queue_is_bounded_in_bytes(small_valkey, moto_s3) -> None:
     asyncio.run(main())
 
 
-# --- 10: stale markers ------------------------------------------------------------------------
+# --- stale markers ------------------------------------------------------------------------
 def test_marker_write_racing_a_delete_and_stray_markers_are_removed(small_valkey, nvme_dir) -> None:
     async def main() -> None:
         m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
@@ -409,7 +409,7 @@ def test_marker_write_racing_a_delete_and_stray_markers_are_removed(small_valkey
     asyncio.run(main())
 
 
-# --- 11: copies of another format version -----------------------------------------------------
+# --- copies of another format version -----------------------------------------------------
 def test_copies_of_another_format_version_are_misses_but_kept(small_valkey, nvme_dir, moto_s3) -> None:
     async def main() -> None:
         import struct
@@ -451,7 +451,7 @@ def test_copies_of_another_format_version_are_misses_but_kept(small_valkey, nvme
     asyncio.run(main())
 
 
-# --- 14: a cancelled half-open probe --------------------------------------------------------
+# --- a cancelled half-open probe --------------------------------------------------------
 def test_cancelled_half_open_probe_does_not_stick_the_breaker(small_valkey, moto_s3) -> None:
     async def main() -> None:
         proxy = StallProxy(moto_s3.port)
@@ -479,7 +479,7 @@ def test_cancelled_half_open_probe_does_not_stick_the_breaker(small_valkey, moto
     asyncio.run(main())
 
 
-# --- 15, 16: a chunk expiring during its copy; reply lists; close ------------------------------
+# --- a chunk expiring during its copy; reply lists; close ------------------------------
 def test_chunk_that_expires_during_its_copy_is_not_copied_without_expiry(small_valkey, nvme_dir) -> None:
     async def main() -> None:
         m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
@@ -562,7 +562,7 @@ def test_close_stops_copies_past_the_drain_deadline(small_valkey, nvme_dir) -> N
     asyncio.run(main())
 
 
-# --- 13: a deferred delete never destroys a newer object --------------------------------------
+# --- a deferred delete never destroys a newer object --------------------------------------
 def test_deferred_delete_of_a_bad_object_keeps_a_newer_one(small_valkey, moto_s3) -> None:
     async def main() -> None:
         m, client = await _manager(small_valkey, _s3(moto_s3))

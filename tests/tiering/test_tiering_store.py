@@ -1,4 +1,4 @@
-"""The lead's ChunkStore with a TierClient: lookups count lower tiers, a get promotes."""
+"""ChunkStore with a TierClient: lookups count lower tiers, a get promotes."""
 
 from __future__ import annotations
 
