@@ -286,13 +286,20 @@ class ValkeyHiCacheStorage(HiCacheStorage):
 
     # ---------------------------------------------------------------- maintenance
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
         """Remove this backend's pages (its namespace only: other models, layouts, ranks and
-        tenants are untouched)."""
+        tenants are untouched). Listing them needs ``SCAN``, which the tenant's confined worker
+        ACL user is not given (docs/security.md): there, clearing is refused and an operator
+        removes a namespace (``lmcache-valkey evict``)."""
         store = self._store
         removed = self._run(_clear(store), max(self._op_timeout, 60.0), None)
-        log.info("lmcache-valkey SGLang backend: cleared namespace %s (%s pages)", store.namespace.digest,
-                 "?" if removed is None else removed)
+        if removed is None:
+            log.error("lmcache-valkey SGLang backend: could not clear namespace %s (listing pages needs SCAN, "
+                      "which the tenant's worker ACL user does not have; an operator can remove it)",
+                      store.namespace.digest)
+            return False
+        log.info("lmcache-valkey SGLang backend: cleared namespace %s (%d pages)", store.namespace.digest, removed)
+        return True
 
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` since the last call (pages and GB/s per prefetch/backup)."""
