@@ -63,13 +63,14 @@ def plugin_keys_from_yaml(path: str, plugin: str) -> dict[str, Any]:
         raise ConfigError("--config", "valid YAML", f"{path}{where}: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(doc, dict):
         raise ConfigError("--config", "an LMCache YAML mapping (chunk_size:, extra_config:, ...)", path)
+    from .settings import plugin_keys, plugin_prefix
+
     extra = doc.get("extra_config") or {}
-    prefix = f"remote_storage_plugin.{plugin}."
     if not isinstance(extra, dict):
         raise ConfigError("--config", "extra_config to be a mapping", f"{path}: {type(extra).__name__}")
-    raw = {k[len(prefix):]: v for k, v in extra.items() if isinstance(k, str) and k.startswith(prefix)}
+    raw = plugin_keys(extra, plugin)
     if not raw:
-        raise ConfigError("--config", f"an LMCache YAML with {prefix}* keys in extra_config", path)
+        raise ConfigError("--config", f"an LMCache YAML with {plugin_prefix(plugin)}* keys in extra_config", path)
     raw.pop("module_path", None)
     raw.pop("class_name", None)
     return raw
@@ -78,17 +79,17 @@ def plugin_keys_from_yaml(path: str, plugin: str) -> dict[str, Any]:
 def settings_and_tiering_from_args(args: argparse.Namespace) -> tuple[Settings, TieringSettings]:
     """What the workers would run with: the ``--config`` file's keys (validated and named as
     written there), then the connection flags on top."""
-    from .session import parse_adapter_settings
+    from .settings import load_settings, plugin_prefix
 
     raw: dict[str, Any] = {}
     if args.config:
         raw = plugin_keys_from_yaml(args.config, args.plugin)
-        parse_adapter_settings(raw, key_prefix=f"remote_storage_plugin.{args.plugin}.")
+        load_settings(raw, key_prefix=plugin_prefix(args.plugin))
     for flag in ("url", "username", "password_file", "tls_ca_file", "tenant", "transport"):
         value = getattr(args, flag, None)
         if value is not None:
             raw[flag] = value
-    return parse_adapter_settings(raw)
+    return load_settings(raw)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

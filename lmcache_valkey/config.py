@@ -91,10 +91,28 @@ class Settings:
         return f"{scheme}://" + ",".join(n.name for n in self.nodes)
 
 
-# --- value parsers: each returns the typed value or raises ConfigError(key, expected)
+# --- the settings vocabulary --------------------------------------------------------------
+# One parser per kind of value, shared by every settings table of the package (core settings
+# here, tiering in tiering/settings.py, each adapter's own keys): a boolean, a duration or a
+# size means the same in every key. Each returns the typed value or raises
+# ConfigError(key, what was expected, what was given).
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+MAX_SECONDS = 24 * 3600.0  # a duration longer than a day is a typo (ms for s) unless a key says otherwise
 
 
-def _as_str(key: str, v: Any) -> str:
+def parse_str(key: str, v: Any) -> str:
+    """Any string (may be empty)."""
+    if isinstance(v, str):
+        return v
+    raise ConfigError(key, "a string", v)
+
+
+def parse_opt_str(key: str, v: Any) -> str | None:
+    """A non-empty string, or None for a missing/empty value."""
+    if v in (None, ""):
+        return None
     if isinstance(v, str):
         return v
     raise ConfigError(key, "a string", v)
@@ -106,28 +124,56 @@ def _as_secret(key: str, v: Any) -> str:
     raise ConfigError(key, "a string (quote it in YAML)", "<redacted>")
 
 
-def _as_bool(key: str, v: Any) -> bool:
+def parse_bool(key: str, v: Any) -> bool:
+    """``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0`` (a YAML boolean, a string, or 0/1)."""
     if isinstance(v, bool):
         return v
-    if isinstance(v, str) and v.strip().lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
-        return v.strip().lower() in {"1", "true", "yes", "on"}
+    if type(v) is int and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
     raise ConfigError(key, "a boolean (true/false)", v)
 
 
-MAX_SECONDS = 24 * 3600.0
+def parse_int(key: str, v: Any, lo: int, hi: int) -> int:
+    """An integer in ``[lo, hi]`` (an int, an integral float, or its decimal string)."""
+    try:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        i = int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(key, f"an integer in [{lo}, {hi}]", v) from None
+    if not lo <= i <= hi:
+        raise ConfigError(key, f"an integer in [{lo}, {hi}]", v)
+    return i
 
 
-def _as_float(key: str, v: Any, *, minimum: float = 0.0, allow_zero: bool = False) -> float:
+def parse_number(key: str, v: Any, lo: float, hi: float, *, lo_included: bool = False,
+                 what: str = "a number") -> float:
+    """A finite number in ``(lo, hi]`` (``[lo, hi]`` with ``lo_included``)."""
     try:
         if isinstance(v, bool):
             raise ValueError
         f = float(v)
     except (TypeError, ValueError):
-        raise ConfigError(key, "a number of seconds", v) from None
-    if f < minimum or (f == minimum and not allow_zero) or f != f or f > MAX_SECONDS:
-        bound = f">= {minimum}" if allow_zero else f"> {minimum}"
-        raise ConfigError(key, f"a number of seconds {bound} and at most {MAX_SECONDS:g}", v)
+        raise ConfigError(key, what, v) from None
+    low_ok = f >= lo if lo_included else f > lo
+    if not (low_ok and f <= hi):  # NaN fails both
+        bound = f"{'>=' if lo_included else '>'} {lo:g} and at most {hi:g}"
+        raise ConfigError(key, f"{what} {bound}", v)
     return f
+
+
+def parse_seconds(key: str, v: Any, *, allow_zero: bool = False, maximum: float = MAX_SECONDS) -> float:
+    """A duration in seconds: positive (or 0 with ``allow_zero``), finite, at most ``maximum``."""
+    return parse_number(key, v, 0.0, maximum, lo_included=allow_zero, what="a number of seconds")
+
+
+def parse_opt_seconds(key: str, v: Any, *, maximum: float = MAX_SECONDS) -> float | None:
+    """A duration, or None for ``none``/``off``/empty (the feature is off)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "off")):
+        return None
+    return parse_seconds(key, v, maximum=maximum)
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -135,9 +181,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 <
 
 
 def parse_size(key: str, v: Any) -> int:
-    """A positive byte count: an int, or a string like ``512MiB`` / ``1G`` / ``4096``.
-
-    Shared by every settings parser of the package (core and tiering)."""
+    """A positive byte count: an int, or a string like ``512MiB`` / ``1G`` / ``4096``."""
     if isinstance(v, int) and not isinstance(v, bool) and v > 0:
         return v
     if isinstance(v, str):
@@ -148,9 +192,6 @@ def parse_size(key: str, v: Any) -> int:
             if n > 0:
                 return n
     raise ConfigError(key, "a positive byte count (e.g. 536870912 or '512MiB')", v)
-
-
-_as_size = parse_size
 
 
 def format_size(n: int) -> str:
@@ -164,38 +205,15 @@ def format_size(n: int) -> str:
     return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
-def parse_bool(key: str, v: Any) -> bool:
-    """A boolean (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``), for every adapter's own keys."""
-    return _as_bool(key, v)
-
-
-def parse_seconds(key: str, v: Any) -> float:
-    """A positive, finite number of seconds (at most a day), for every adapter's own keys."""
-    return _as_float(key, v)
-
-
-def _as_int(key: str, v: Any, *, minimum: int, maximum: int) -> int:
-    try:
-        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-            raise ValueError
-        i = int(v)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"an integer in [{minimum}, {maximum}]", v) from None
-    if not minimum <= i <= maximum:
-        raise ConfigError(key, f"an integer in [{minimum}, {maximum}]", v)
-    return i
-
-
-def _as_choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
-    if isinstance(v, bool) and "yes" in choices:
-        return "yes" if v else "no"
+def parse_choice(key: str, v: Any, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case-insensitive)."""
     if isinstance(v, str) and v.strip().lower() in choices:
         return v.strip().lower()
     raise ConfigError(key, "one of " + "|".join(choices), v)
 
 
 def _as_file(key: str, v: Any) -> str:
-    path = _as_str(key, v)
+    path = parse_str(key, v)
     if not os.path.isfile(path):
         raise ConfigError(key, "the path of a readable file", v)
     return path
@@ -272,7 +290,7 @@ def _parse_url(scheme: str, rest: str, key: str) -> tuple[tuple[Node, ...], bool
     if "/" in rest:
         rest, dbs = rest.split("/", 1)
         if dbs:
-            db = _as_int(f"{key} (database)", dbs, minimum=0, maximum=15)
+            db = parse_int(f"{key} (database)", dbs, 0, 15)
     nodes = []
     for part in rest.split(","):
         part = part.strip()
@@ -310,26 +328,32 @@ _TRANSPORT_ALIASES = {"rdma": "fabric"}
 
 
 def _as_transport(key: str, value: Any) -> str:
-    v = _as_str(key, value).strip().lower()
-    return _as_choice(key, _TRANSPORT_ALIASES.get(v, v), TRANSPORTS)
+    v = parse_str(key, value).strip().lower()
+    return parse_choice(key, _TRANSPORT_ALIASES.get(v, v), TRANSPORTS)
+
+
+def _as_cluster(key: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return parse_choice(key, v, ("auto", "yes", "no"))
 
 
 # key -> (field name, parser). Parsers get (key, raw) and return the typed value.
 _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
-    "cluster": ("cluster", lambda k, v: _as_choice(k, v, ("auto", "yes", "no"))),
-    "username": ("username", _as_str),
+    "cluster": ("cluster", _as_cluster),
+    "username": ("username", parse_str),
     "password": ("password", lambda k, v: _as_secret(k, v)),
-    "tenant": ("tenant", lambda k, v: _check_tenant(k, _as_str(k, v))),
-    "namespace": ("namespace", lambda k, v: _check_tenant(k, _as_str(k, v))),
-    "connect_timeout_s": ("connect_timeout_s", _as_float),
-    "op_timeout_s": ("op_timeout_s", _as_float),
-    "lookup_timeout_s": ("lookup_timeout_s", _as_float),
-    "connections_per_node": ("connections_per_node", lambda k, v: _as_int(k, v, minimum=1, maximum=64)),
-    "ttl_s": ("ttl_s", lambda k, v: _as_float(k, v, allow_zero=True) or None),
-    "max_chunk_bytes": ("max_chunk_bytes", _as_size),
+    "tenant": ("tenant", lambda k, v: _check_tenant(k, parse_str(k, v))),
+    "namespace": ("namespace", lambda k, v: _check_tenant(k, parse_str(k, v))),
+    "connect_timeout_s": ("connect_timeout_s", parse_seconds),
+    "op_timeout_s": ("op_timeout_s", parse_seconds),
+    "lookup_timeout_s": ("lookup_timeout_s", parse_seconds),
+    "connections_per_node": ("connections_per_node", lambda k, v: parse_int(k, v, 1, 64)),
+    "ttl_s": ("ttl_s", lambda k, v: parse_seconds(k, v, allow_zero=True) or None),
+    "max_chunk_bytes": ("max_chunk_bytes", parse_size),
     "transport": ("transport", lambda k, v: _as_transport(k, v)),
-    "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, _as_str(k, v))),
-    "model_revision": ("model_revision", _as_str),
+    "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, parse_str(k, v))),
+    "model_revision": ("model_revision", parse_str),
 }
 _TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
 _FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}
@@ -349,7 +373,7 @@ def _tenant_secret(merged: Mapping[str, Any], env: Mapping[str, str]) -> bytes |
         if value in (None, ""):
             continue
         if is_file:
-            secret = _read_password_file(key, _as_str(key, value))
+            secret = _read_password_file(key, parse_str(key, value))
         else:
             secret = _as_secret(key, value).strip()
         n = len(secret.encode())
@@ -396,28 +420,28 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
         if url_pass is not None:
             values["password"] = url_pass
         elif pw_file:
-            values["password"] = _read_password_file("password_file", _as_str("password_file", pw_file))
+            values["password"] = _read_password_file("password_file", parse_str("password_file", pw_file))
         elif env.get("LMCACHE_VALKEY_PASSWORD"):
             values["password"] = env["LMCACHE_VALKEY_PASSWORD"]
     values["tenant_secret"] = _tenant_secret(merged, env)
     if "tls" in merged:
-        tls_on = _as_bool("tls", merged["tls"]) or tls_on
+        tls_on = parse_bool("tls", merged["tls"]) or tls_on
     if tls_on or any(k in merged for k in _TLS_KEYS - {"tls"}):
         tls_on = True
         values["tls"] = TLSSettings(
             ca_file=_as_file("tls_ca_file", merged["tls_ca_file"]) if merged.get("tls_ca_file") else None,
             cert_file=_as_file("tls_cert_file", merged["tls_cert_file"]) if merged.get("tls_cert_file") else None,
             key_file=_as_file("tls_key_file", merged["tls_key_file"]) if merged.get("tls_key_file") else None,
-            verify=_as_bool("tls_verify", merged.get("tls_verify", True)),
-            server_name=_as_str("tls_server_name", merged["tls_server_name"]) if merged.get("tls_server_name") else None,
+            verify=parse_bool("tls_verify", merged.get("tls_verify", True)),
+            server_name=parse_str("tls_server_name", merged["tls_server_name"]) if merged.get("tls_server_name") else None,
         )
         if bool(values["tls"].cert_file) != bool(values["tls"].key_file):
             raise ConfigError("tls_cert_file", "tls_cert_file and tls_key_file given together (client certificate)")
     if any(k in merged for k in _FABRIC_KEYS):
         values["fabric"] = FabricSettings(
-            provider=_as_str("fabric_provider", merged.get("fabric_provider", "")),
-            bind_addr=_as_str("fabric_bind_addr", merged.get("fabric_bind_addr", "")),
-            scratch_bytes=_as_size("fabric_scratch_bytes", merged.get("fabric_scratch_bytes", 1 << 20)),
+            provider=parse_str("fabric_provider", merged.get("fabric_provider", "")),
+            bind_addr=parse_str("fabric_bind_addr", merged.get("fabric_bind_addr", "")),
+            scratch_bytes=parse_size("fabric_scratch_bytes", merged.get("fabric_scratch_bytes", 1 << 20)),
         )
     if any(n.path for n in values.get("nodes", ())) and values.get("cluster") == "yes":
         raise ConfigError("cluster", "'no' or 'auto' with a unix:// url", "yes")
@@ -431,17 +455,6 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
     return s
 
 
-def settings_from_extra_config(extra_config: Mapping[str, Any] | None, plugin_name: str, **kw: Any) -> Settings:
-    """Pick ``remote_storage_plugin.<plugin_name>.*`` out of LMCache's ``extra_config``."""
-    prefix = f"{PLUGIN_PREFIX}{plugin_name}."
-    raw = {k[len(prefix):]: v for k, v in (extra_config or {}).items() if k.startswith(prefix)}
-    try:
-        return settings_from_mapping(raw, **kw)
-    except ConfigError as e:
-        # Name the key as the user wrote it in YAML.
-        raise ConfigError(prefix + e.key, e.expected, e.got) from None
-
-
 def settings_from_url(url: str, **kw: Any) -> Settings:
     return settings_from_mapping({"url": url}, **kw)
 
@@ -453,11 +466,16 @@ __all__ = [
     "Settings",
     "KNOWN_KEYS",
     "parse_url",
-    "parse_size",
     "parse_bool",
+    "parse_choice",
+    "parse_int",
+    "parse_number",
+    "parse_opt_seconds",
+    "parse_opt_str",
     "parse_seconds",
+    "parse_size",
+    "parse_str",
     "settings_from_mapping",
-    "settings_from_extra_config",
     "settings_from_url",
     "replace",
     "fields",

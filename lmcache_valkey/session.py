@@ -1,11 +1,11 @@
-"""What every engine adapter shares: its settings, its namespace, a store on a private loop.
+"""What every engine adapter shares: its namespace and a store on a private loop.
 
 The adapters under ``integrations/`` (LMCache in-process plugin, LMCache MP L2 adapter, and
 the vLLM and SGLang tiers) differ in the engine types they translate; they do not differ in
-how a flat mapping of settings becomes validated ``Settings`` + ``TieringSettings``, how the
-namespace fingerprint always carries ``model_revision``, or how the store is opened on its
-own I/O loop (docs/private-io-loop.md), given an arena to register for RMA, and closed
-within a bound. That lives here, once.
+how the namespace fingerprint always carries ``model_revision``, or how the store is opened
+on its own I/O loop (docs/private-io-loop.md), given an arena to register for RMA, and
+closed within a bound. That lives here, once; their settings come from
+:func:`lmcache_valkey.settings.load_settings`.
 
 Never imports: any engine (``lmcache``, ``vllm``, ``sglang``), the integrations.
 """
@@ -15,31 +15,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Coroutine, Mapping, TypeVar
 
-from .config import Settings, settings_from_mapping
-from .errors import ConfigError
+from .config import Settings
 from .keys import Namespace, make_namespace
 from .loop_thread import LoopThread
 from .store import ChunkStore, open_store
-from .tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
+from .tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def parse_adapter_settings(
-    raw: Mapping[str, Any], *, key_prefix: str = "", env: Mapping[str, str] | None = None
-) -> tuple[Settings, TieringSettings]:
-    """Validate one adapter's flat settings: core keys (``url``, ``tenant``, ...) and tiering
-    keys (``tiering``, ``nvme_dir``, ...). A :class:`ConfigError` names the key as the user
-    wrote it: ``key_prefix`` + key (``remote_storage_plugin.valkey.`` for LMCache's
-    ``extra_config``, ``adapter_params.`` for an MP ``--l2-adapter`` JSON)."""
-    tier_raw, core_raw = split_tiering_keys(raw)
-    try:
-        settings = settings_from_mapping(core_raw, env=env)
-    except ConfigError as e:
-        raise ConfigError(key_prefix + e.key, e.expected, e.got) from None
-    return settings, tiering_settings_from_mapping(tier_raw, key_prefix=key_prefix)
 
 
 def namespace_for(settings: Settings, fields: Mapping[str, Any]) -> Namespace:
@@ -101,4 +85,4 @@ class StoreSession:
             self.io.stop()
 
 
-__all__ = ["StoreSession", "namespace_for", "parse_adapter_settings"]
+__all__ = ["StoreSession", "namespace_for"]

@@ -19,12 +19,13 @@ import signal
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..config import settings_from_mapping
+from ..config import Settings
 from ..errors import ConfigError
 from .. import metrics
 from .client import TierClient
 from .manager import TierManager
-from .settings import tiering_settings_from_mapping
+from ..settings import load_settings
+from .settings import TieringSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,15 @@ def add_tierd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     p.add_argument("--metrics-port", default=None, type=int, help="serve /metrics and /healthz on this port")
     p.add_argument("--drain-timeout-s", default=30.0, type=float, help="bound on draining the backlog at SIGTERM")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other tiering setting (repeatable), e.g. --set demote_idle_s=600")
+                   help="any other setting (repeatable), e.g. --set demote_idle_s=600")
     return p
 
 
-def tiering_settings_from_args(args: argparse.Namespace):
-    raw: dict[str, Any] = {"tiering": "service", "nvme_budget_bytes": args.nvme_budget_bytes,
+def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, TieringSettings]:
+    """tierd's settings from its flags, through the one entry point every component uses
+    (``lmcache_valkey.settings.load_settings``); ``--set KEY=VALUE`` takes any other key."""
+    raw: dict[str, Any] = {"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix,
+                           "tiering": "service", "nvme_budget_bytes": args.nvme_budget_bytes,
                            "s3_prefix": args.s3_prefix, "flush_queue_max": args.flush_queue_max,
                            "admission": args.admission, "recompute_budget_s": args.recompute_budget_s}
     for k in ("nvme_dir", "s3_bucket", "s3_endpoint_url", "s3_region"):
@@ -60,10 +64,10 @@ def tiering_settings_from_args(args: argparse.Namespace):
     for kv in args.set:
         k, _, v = kv.partition("=")
         raw[k.strip()] = v.strip()
-    ts = tiering_settings_from_mapping(raw, key_prefix="--")
+    settings, ts = load_settings(raw, key_prefix="--")
     if ts.nvme_dir is None and ts.s3_bucket is None:
         raise ConfigError("--nvme-dir", "--nvme-dir and/or --s3-bucket (tierd needs a tier to manage)")
-    return ts
+    return settings, ts
 
 
 async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = None,
@@ -74,8 +78,7 @@ async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = N
     if not logging.getLogger().handlers:  # a service logs to stderr unless the host configured logging
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    settings = settings_from_mapping({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
-    ts = tiering_settings_from_args(args)
+    settings, ts = settings_from_tierd_args(args)
     valkey = RespClient(replace(settings, connections_per_node=max(settings.connections_per_node, 8)))
     await valkey.start()
     manager = TierManager(settings, ts, valkey)
@@ -182,7 +185,7 @@ def add_drain_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 async def _with_remote(args: argparse.Namespace, fn) -> Any:
     from ..transport.resp import RespClient
 
-    settings = settings_from_mapping({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
+    settings, _ = load_settings({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
     valkey = RespClient(settings)
     await valkey.start()
     tc = TierClient.remote(valkey, settings)

@@ -12,7 +12,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..config import parse_size
+from ..config import (
+    MAX_SECONDS,
+    parse_bool,
+    parse_choice,
+    parse_int,
+    parse_number,
+    parse_opt_seconds,
+    parse_opt_str,
+    parse_seconds,
+    parse_size,
+)
 from ..errors import ConfigError
 
 MODES = ("off", "embedded", "service")
@@ -68,80 +78,17 @@ class TieringSettings:
         return self.mode == "embedded" and (self.nvme_dir is not None or self.s3_bucket is not None)
 
 
-# --- parsers --------------------------------------------------------------------------------
-_size = parse_size  # one size grammar for every setting of the package
-
-
-def _str(key: str, v: Any) -> str:
-    if isinstance(v, str) and v:
-        return v
-    raise ConfigError(key, "a non-empty string", v)
-
-
-def _opt_str(key: str, v: Any) -> str | None:
-    return None if v in (None, "") else _str(key, v)
-
-
-def _bool(key: str, v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in {"1", "true", "yes", "on"}:
-        return True
-    if s in {"0", "false", "no", "off"}:
-        return False
-    raise ConfigError(key, "a boolean (true/false)", v)
-
-
-def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
-    def parse(key: str, v: Any) -> int:
-        try:
-            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-                raise ValueError
-            i = int(v)
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"an integer in [{lo}, {hi}]", v) from None
-        if not lo <= i <= hi:
-            raise ConfigError(key, f"an integer in [{lo}, {hi}]", v)
-        return i
-
-    return parse
-
-
-def _float(lo: float, hi: float = float("inf"), *, allow_none: bool = False) -> Callable[[str, Any], Any]:
-    def parse(key: str, v: Any) -> Any:
-        if allow_none and v in (None, "", "none", "off"):
-            return None
-        try:
-            if isinstance(v, bool):
-                raise ValueError
-            f = float(v)
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"a number in ({lo}, {hi}]", v) from None
-        if not (lo < f <= hi) or f != f or f == float("inf"):
-            raise ConfigError(key, f"a finite number in ({lo}, {hi}]", v)
-        return f
-
-    return parse
-
-
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    def parse(key: str, v: Any) -> str:
-        if isinstance(v, bool):
-            v = "embedded" if v else "off"
-        if isinstance(v, str) and v.strip().lower() in choices:
-            return v.strip().lower()
-        raise ConfigError(key, "one of " + "|".join(choices), v)
-
-    return parse
-
-
+# --- parsers: the package's one vocabulary (config.py), bounds per key -----------------------
 def _mode(key: str, v: Any) -> str:
-    if isinstance(v, str) and v.strip().lower() in {"true", "on", "yes", "1"}:
-        return "embedded"
-    if isinstance(v, str) and v.strip().lower() in {"false", "no", "0", ""}:
+    """``off | embedded | service``; a boolean (or its spelling) means embedded/off."""
+    if isinstance(v, str) and v.strip().lower() in MODES:
+        return v.strip().lower()
+    if v == "":
         return "off"
-    return _choice(MODES)(key, v)
+    try:
+        return "embedded" if parse_bool(key, v) else "off"
+    except ConfigError:
+        raise ConfigError(key, "one of " + "|".join(MODES), v) from None
 
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -169,40 +116,48 @@ def _endpoint(key: str, v: Any) -> str | None:
     raise ConfigError(key, "an http(s):// URL", v)
 
 
-# key -> parser. The key is also the field name.
+def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+    return lambda key, v: parse_int(key, v, lo, hi)
+
+
+def _fraction(key: str, v: Any) -> float:
+    return parse_number(key, v, 0.0, 1.0, what="a fraction of maxmemory")
+
+
+# key -> parser. The key is also the field name (but ``tiering`` -> ``mode``).
 _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "tiering": _mode,
-    "nvme_dir": _opt_str,
-    "nvme_budget_bytes": _size,
-    "nvme_direct": _bool,
+    "nvme_dir": parse_opt_str,
+    "nvme_budget_bytes": parse_size,
+    "nvme_direct": parse_bool,
     "nvme_threads": _int(1, 64),
-    "nvme_fsync_dir": _bool,
+    "nvme_fsync_dir": parse_bool,
     "s3_bucket": _bucket,
     "s3_prefix": _prefix,
     "s3_endpoint_url": _endpoint,
-    "s3_region": _opt_str,
+    "s3_region": parse_opt_str,
     "s3_concurrency": _int(1, 256),
-    "s3_multipart_threshold": _size,
-    "s3_part_bytes": _size,
-    "s3_range_bytes": _size,
+    "s3_multipart_threshold": parse_size,
+    "s3_part_bytes": parse_size,
+    "s3_range_bytes": parse_size,
     "s3_max_retries": _int(0, 20),
-    "s3_timeout_s": _float(0.0),
+    "s3_timeout_s": parse_seconds,
     "flush_queue_max": _int(1, 1 << 24),
-    "flush_queue_max_bytes": _size,
-    "admission": _choice(ADMISSIONS),
+    "flush_queue_max_bytes": parse_size,
+    "admission": lambda k, v: parse_choice(k, v, ADMISSIONS),
     "admission_min_touches": _int(1, 1000),
     "admission_window": _int(16, 1 << 26),
-    "recompute_budget_s": _float(0.0),
-    "demote_high_watermark": _float(0.0, 1.0),
-    "demote_low_watermark": _float(0.0, 1.0),
-    "demote_idle_s": _float(0.0, allow_none=True),
-    "demote_interval_s": _float(0.0),
+    "recompute_budget_s": parse_seconds,
+    "demote_high_watermark": _fraction,
+    "demote_low_watermark": _fraction,
+    "demote_idle_s": lambda k, v: parse_opt_seconds(k, v, maximum=30 * MAX_SECONDS),
+    "demote_interval_s": parse_seconds,
     "demote_scan_count": _int(1, 100000),
     "breaker_failures": _int(1, 1000),
-    "breaker_reset_s": _float(0.0),
-    "promote_to_nvme": _bool,
-    "request_block_s": _float(0.0, 60.0),
-    "marker_repair_s": _float(0.0),
+    "breaker_reset_s": parse_seconds,
+    "promote_to_nvme": parse_bool,
+    "request_block_s": lambda k, v: parse_seconds(k, v, maximum=60.0),
+    "marker_repair_s": parse_seconds,
 }
 KNOWN_KEYS = frozenset(_PARSERS)
 _FIELD = {"tiering": "mode"}

@@ -492,7 +492,7 @@ def test_rendered_config_loads_reference_module(pod_factory):
 
 # --- the chart's tierd command line is one the real CLI accepts ---------------------------------
 @pytest.mark.parametrize("values", VALUE_SETS)
-def test_tierd_args_parse_with_the_real_cli(values):
+def test_tierd_args_parse_with_the_real_cli(values, tmp_path):
     from lmcache_valkey.cli import build_parser
     from lmcache_valkey.config import parse_url
 
@@ -505,11 +505,13 @@ def test_tierd_args_parse_with_the_real_cli(values):
     nodes, tls, *_ = parse_url(args.valkey_url)
     assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", 6379)]
     assert tls == bool(values.get("tls", {}).get("enabled"))
-    try:
-        from lmcache_valkey.tiering.service import tiering_settings_from_args
-    except ImportError:
-        return
-    ts = tiering_settings_from_args(args)
+    from lmcache_valkey.tiering.service import settings_from_tierd_args
+
+    ca = tmp_path / "ca.crt"  # the pod mounts it; here a file must exist at the path the URL names
+    ca.write_text("")
+    args.valkey_url = re.sub(r"tls_ca_file=[^&]+", f"tls_ca_file={ca}", args.valkey_url)
+    settings, ts = settings_from_tierd_args(args)
+    assert settings.tenant == values.get("tierd", {}).get("tenant", "default")
     want = values.get("tierd", {}).get("nvme", {}).get("budgetBytes", 100000000000)
     assert ts.nvme_budget_bytes == want
 

@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from lmcache_valkey.config import settings_from_extra_config, settings_from_mapping, settings_from_url
+from lmcache_valkey.config import settings_from_mapping, settings_from_url
 from lmcache_valkey.errors import ConfigError
+from lmcache_valkey.settings import load_settings, plugin_keys
 
 P = "remote_storage_plugin.valkey."
 
@@ -13,7 +14,7 @@ P = "remote_storage_plugin.valkey."
 def test_extra_config_keys_become_typed_settings(tmp_path):
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
-    s = settings_from_extra_config(
+    s, _ = load_settings(plugin_keys(
         {
             P + "module_path": "lmcache_valkey.integrations.lmcache.adapter",
             P + "class_name": "ValkeyConnectorAdapter",
@@ -30,7 +31,7 @@ def test_extra_config_keys_become_typed_settings(tmp_path):
             "some_other_plugin.key": "ignored",
         },
         "valkey",
-    )
+    ), key_prefix=P)
     assert [n.name for n in s.nodes] == ["10.0.0.1:7000", "10.0.0.2:7001"]
     assert (s.username, s.password, s.tenant) == ("tenant-a", "s3cret", "tenant-a")
     assert (s.op_timeout_s, s.lookup_timeout_s, s.connections_per_node) == (2.5, 0.25, 8)
@@ -55,7 +56,7 @@ def test_extra_config_keys_become_typed_settings(tmp_path):
 )
 def test_malformed_setting_fails_naming_the_key(key, value, named):
     with pytest.raises(ConfigError) as e:
-        settings_from_extra_config({P + key: value}, "valkey")
+        load_settings(plugin_keys({P + key: value}, "valkey"), key_prefix=P)
     assert e.value.key == P + named
     assert P + named in str(e.value)
 
@@ -127,3 +128,27 @@ def test_an_unknown_key_is_named_without_its_value():
     with pytest.raises(ConfigError) as e:
         settings_from_mapping({"pasword": "hunter2-secret"}, env={})
     assert "pasword" in str(e.value) and "hunter2" not in str(e.value)
+
+
+@pytest.mark.parametrize("spelling,value", [(True, True), ("yes", True), ("On", True), ("1", True), (1, True),
+                                            (False, False), ("no", False), ("off", False), ("0", False), (0, False)])
+def test_a_boolean_means_the_same_in_core_and_tiering_keys(spelling, value):
+    settings, tiering = load_settings({"tls": True, "tls_verify": spelling, "nvme_direct": spelling,
+                                       "promote_to_nvme": spelling}, env={})
+    assert (settings.tls.verify, tiering.nvme_direct, tiering.promote_to_nvme) == (value, value, value)
+
+
+@pytest.mark.parametrize("key", ["tls_verify", "nvme_direct"])
+@pytest.mark.parametrize("spelling", ["maybe", 2, 0.5, None, ""])
+def test_a_non_boolean_is_refused_by_core_and_tiering_keys_alike(key, spelling):
+    with pytest.raises(ConfigError) as e:
+        load_settings({"tls": True, key: spelling}, key_prefix=P, env={})
+    assert e.value.key == P + key and "boolean" in e.value.expected
+
+
+@pytest.mark.parametrize("key", ["op_timeout_s", "s3_timeout_s", "breaker_reset_s", "marker_repair_s"])
+@pytest.mark.parametrize("seconds", [0, -1, "nan", "inf", 2 * 86400, True])
+def test_a_duration_has_the_same_bounds_in_core_and_tiering_keys(key, seconds):
+    with pytest.raises(ConfigError) as e:
+        load_settings({key: seconds}, key_prefix=P, env={})
+    assert e.value.key == P + key and "seconds" in e.value.expected

@@ -34,6 +34,7 @@ FORBIDDEN = {
     "codec.py": ("integrations", "store", "transport", "tiering"),
     "keys.py": ("integrations", "store", "transport", "tiering"),
     "config.py": ("integrations", "store", "transport", "tiering"),
+    "settings.py": ("integrations", "store", "transport", "session"),
     "timeouts.py": ("integrations", "store", "transport", "tiering", "config", "errors"),
 }
 

@@ -1,33 +1,34 @@
-"""Every engine adapter parses its settings, names its namespace and opens its store the same way."""
+"""Every component parses its settings, and every adapter names its namespace and opens its store, the same way."""
 
 import pytest
 
 from lmcache_valkey.config import settings_from_mapping
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.keys import make_namespace
-from lmcache_valkey.session import StoreSession, namespace_for, parse_adapter_settings
+from lmcache_valkey.session import StoreSession, namespace_for
+from lmcache_valkey.settings import load_settings
 
 
 def test_a_bad_core_key_is_named_as_the_user_wrote_it():
     with pytest.raises(ConfigError) as e:
-        parse_adapter_settings({"url": "valkey://h:6379", "tenant": "a:b"}, key_prefix="adapter_params.", env={})
+        load_settings({"url": "valkey://h:6379", "tenant": "a:b"}, key_prefix="adapter_params.", env={})
     assert e.value.key == "adapter_params.tenant"
 
 
 def test_a_bad_tiering_key_is_named_as_the_user_wrote_it():
     with pytest.raises(ConfigError) as e:
-        parse_adapter_settings({"url": "valkey://h:6379", "tiering": "embedded"}, key_prefix="adapter_params.", env={})
+        load_settings({"url": "valkey://h:6379", "tiering": "embedded"}, key_prefix="adapter_params.", env={})
     assert e.value.key == "adapter_params.tiering"
 
 
 def test_an_unknown_key_is_refused():
     with pytest.raises(ConfigError) as e:
-        parse_adapter_settings({"url": "valkey://h:6379", "tenantt": "x"}, key_prefix="p.", env={})
+        load_settings({"url": "valkey://h:6379", "tenantt": "x"}, key_prefix="p.", env={})
     assert e.value.key == "p.tenantt"
 
 
 def test_core_and_tiering_keys_are_split():
-    settings, tiering = parse_adapter_settings(
+    settings, tiering = load_settings(
         {"url": "valkey://h:6379", "tenant": "t1", "tiering": "service"}, env={}
     )
     assert settings.tenant == "t1" and tiering.mode == "service" and tiering.enabled

@@ -19,9 +19,9 @@ from typing import Any, Mapping
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from ...config import PLUGIN_PREFIX, Settings
+from ...config import Settings
 from ...errors import LmcacheValkeyError
-from ...session import parse_adapter_settings
+from ...settings import load_settings, plugin_keys, plugin_prefix
 from ...tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,7 @@ def parse_plugin_settings(
 
     Errors name the key as the user wrote it in YAML.
     """
-    prefix = f"{PLUGIN_PREFIX}{name}."
-    raw = {k[len(prefix):]: v for k, v in (extra_config or {}).items() if k.startswith(prefix)}
-    return parse_adapter_settings(raw, key_prefix=prefix, env=env)
+    return load_settings(plugin_keys(extra_config, name), key_prefix=plugin_prefix(name), env=env)
 
 
 class ValkeyConnectorAdapter(ConnectorAdapter):

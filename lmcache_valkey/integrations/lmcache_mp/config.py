@@ -16,7 +16,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 
 from ...config import Settings, parse_size
 from ...errors import ConfigError
-from ...session import parse_adapter_settings
+from ...settings import load_settings
 from ...tiering.settings import TieringSettings
 
 KEY_PREFIX = "adapter_params."
@@ -53,7 +53,7 @@ class LmcvL2AdapterConfig(L2AdapterConfigBase):
             raise ConfigError("adapter_params", "a JSON object of settings", d)
         raw = {k: v for k, v in d.items() if k != "type"}
         mp = {k: raw.pop(k) for k in MP_KEYS if k in raw}
-        settings, tiering = parse_adapter_settings(raw, key_prefix=KEY_PREFIX)
+        settings, tiering = load_settings(raw, key_prefix=KEY_PREFIX)
         return cls(
             settings,
             tiering,

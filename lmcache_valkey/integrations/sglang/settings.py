@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ...config import Settings, parse_bool
 from ...errors import ConfigError
-from ...session import parse_adapter_settings
+from ...settings import load_settings
 from ...tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def parse_backend_settings(extra_config: Mapping[str, Any] | None, *, env: Mappi
                 own[k] = _OWN[k](KEY_PREFIX + k, v)
         else:
             rest[k] = v
-    store, tiering = parse_adapter_settings(rest, key_prefix=KEY_PREFIX, env=env)
+    store, tiering = load_settings(rest, key_prefix=KEY_PREFIX, env=env)
     interface_v1 = extra_config.get("interface_v1", 0)
     return BackendSettings(store=store, tiering=tiering, interface_v1=bool(interface_v1), **own)
 

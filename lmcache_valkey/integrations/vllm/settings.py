@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ...config import Settings, parse_bool, parse_seconds
 from ...errors import ConfigError
-from ...session import parse_adapter_settings
+from ...settings import load_settings
 from ...tiering.settings import TieringSettings
 
 # Consumed by vLLM's SecondaryTierFactory before the constructor sees the entry.
@@ -69,7 +69,7 @@ def parse_tier_settings(raw: Mapping[str, Any], tier_type: str, *, env: Mapping[
                 own[k] = _OWN[k](prefix + k, v)
         else:
             rest[k] = v
-    store, tiering = parse_adapter_settings(rest, key_prefix=prefix, env=env)
+    store, tiering = load_settings(rest, key_prefix=prefix, env=env)
     return TierSettings(store=store, tiering=tiering, **own)
 
 

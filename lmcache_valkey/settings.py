@@ -1,0 +1,52 @@
+"""One entry point for settings: a flat mapping of keys -> ``(Settings, TieringSettings)``.
+
+Every component that starts from what a person wrote calls :func:`load_settings`: the
+LMCache plugin (``remote_storage_plugin.<name>.*`` of ``extra_config``, see
+:func:`plugin_keys`), the LMCache MP adapter (``adapter_params``), the vLLM tier and the
+SGLang backend (their ``extra_config``), the CLI (``--config`` plus its flags) and ``tierd``
+(its flags). Core keys (``url``, ``tenant``, ...) become :class:`~.config.Settings`, tiering
+keys (``tiering``, ``nvme_dir``, ...) :class:`~.tiering.settings.TieringSettings`; both are
+checked with the one vocabulary of value parsers in :mod:`.config`, and a
+:class:`~.errors.ConfigError` names the key as the user wrote it (``key_prefix`` + key).
+
+Never imports: the store, a transport, an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .config import PLUGIN_PREFIX, Settings, settings_from_mapping
+from .errors import ConfigError
+from .tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
+
+
+def load_settings(
+    raw: Mapping[str, Any], *, key_prefix: str = "", env: Mapping[str, str] | None = None
+) -> tuple[Settings, TieringSettings]:
+    """Validate one component's flat settings: core keys and tiering keys, each once.
+
+    ``key_prefix`` is put in front of the key an error names: ``remote_storage_plugin.valkey.``
+    for LMCache's ``extra_config``, ``adapter_params.`` for an MP ``--l2-adapter`` JSON, ``--``
+    for tierd's ``--set`` flags. ``env``: where secrets from the environment are read
+    (default ``os.environ``)."""
+    tier_raw, core_raw = split_tiering_keys(raw)
+    try:
+        settings = settings_from_mapping(core_raw, env=env)
+    except ConfigError as e:
+        raise ConfigError(key_prefix + e.key, e.expected, e.got) from None
+    return settings, tiering_settings_from_mapping(tier_raw, key_prefix=key_prefix)
+
+
+def plugin_keys(extra_config: Mapping[str, Any] | None, plugin_name: str) -> dict[str, Any]:
+    """The ``remote_storage_plugin.<plugin_name>.*`` keys of LMCache's ``extra_config``, without
+    that prefix (pass ``key_prefix=plugin_prefix(plugin_name)`` to :func:`load_settings`)."""
+    prefix = plugin_prefix(plugin_name)
+    return {k[len(prefix):]: v for k, v in (extra_config or {}).items() if isinstance(k, str) and k.startswith(prefix)}
+
+
+def plugin_prefix(plugin_name: str) -> str:
+    return f"{PLUGIN_PREFIX}{plugin_name}."
+
+
+__all__ = ["load_settings", "plugin_keys", "plugin_prefix"]
