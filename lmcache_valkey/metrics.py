@@ -240,6 +240,9 @@ REGISTERED_BYTES = Gauge(
 ADMISSIONS = Counter(
     _n("admission_decisions"), "Admission policy decisions for a lower tier.", ["tier", "decision"]
 )
+FABRIC_FALLBACKS = Counter(
+    _n("fabric_fallbacks"), "Fabric RMA transfers carried by the module's bulk (TCP) commands instead.", ["op"]
+)
 TIER_USED = Gauge(
     _n("tier_used_bytes"), "Bytes held by a tier.", ["tier"], multiprocess_mode="mostrecent"
 )
@@ -338,6 +341,11 @@ def set_registered_bytes(n: int) -> None:
 def record_admission(tier: str, admitted: bool) -> None:
     """The admission policy for ``tier`` admitted or rejected one chunk."""
     ADMISSIONS.labels(_label("tier", tier, TIERS), "admitted" if admitted else "rejected").inc()
+
+
+def record_fabric_fallback(op: str) -> None:
+    """A fabric ``get``/``put`` fell back from RMA to the module's bulk commands."""
+    FABRIC_FALLBACKS.labels(_label("op", op, OPS)).inc()
 
 
 def set_tier_usage(tier: str, used_bytes: int, capacity_bytes: Optional[int] = None) -> None:

@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-APT_PACKAGES=(build-essential pkg-config libfabric-dev libfabric-bin redis-server fio prometheus openssl)
+APT_PACKAGES=(build-essential pkg-config libfabric-dev libfabric-bin redis-server fio prometheus prometheus-redis-exporter openssl)
 BACKPORTS_PACKAGES=(valkey-server valkey-tools)
 
 have_all() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || return 1; done; }
@@ -43,17 +43,8 @@ if ! have_all "${APT_PACKAGES[@]}" "${BACKPORTS_PACKAGES[@]}"; then
             log "valkey-server not available from apt here; TLS tests will be skipped"
     fi
 fi
-# Debian's postinst may start these as services; tests start their own on free ports, so a
-# running host service would only hold ports and memory. Say which ones are stopped.
-HOST_SERVICES=(redis-server valkey-server prometheus)
-if command -v service >/dev/null 2>&1; then
-    for svc in "${HOST_SERVICES[@]}"; do
-        if service "$svc" status >/dev/null 2>&1; then
-            log "stopping the host service $svc (tests start their own servers on free ports)"
-            service "$svc" stop >/dev/null 2>&1 || log "could not stop $svc; tests still use free ports"
-        fi
-    done
-fi
+# Debian's postinst may start some of those as services: stop them, saying which.
+bash scripts/stop-host-services.sh
 
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "lmcache-valkey"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 KUBE_VERSION = "1.30.0"
-# CRDs that kubernetes-validate ships no schema for. ServiceMonitor is prometheus-operator's
-# CRD (monitoring.coreos.com/v1): checked structurally in test_service_monitor_targets_metrics.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# CRDs that kubernetes-validate ships no schema for: prometheus-operator's ServiceMonitor and
+# PrometheusRule (monitoring.coreos.com/v1), checked structurally in test_service_monitor_targets_metrics
+# and tests/chart/test_chart_monitoring.py (promtool).
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 RELEASE, NAMESPACE = "kv", "inference"
 
 
@@ -244,12 +245,18 @@ def test_service_monitor_targets_metrics():
     docs = _docs(_render(values))
     (sm,) = _kind(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    (endpoint,) = sm["spec"]["endpoints"]
-    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert sm["metadata"]["namespace"] == "monitoring"  # metrics.serviceMonitor.namespace
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]  # still scrapes the release's Service
+    endpoints = {e["port"]: e for e in sm["spec"]["endpoints"]}
+    assert set(endpoints) == {"metrics", "exporter"}  # tierd and the Valkey exporter
+    for endpoint in endpoints.values():
+        assert endpoint["path"] == "/metrics" and endpoint["interval"] == "15s"
+        assert endpoint["relabelings"] == values["metrics"]["serviceMonitor"]["relabelings"]
+        assert endpoint["metricRelabelings"][0]["action"] == "drop"
     selector = sm["spec"]["selector"]["matchLabels"]
     matching = [s for s in _kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()]
     assert len(matching) == 1, "exactly one Service (the client one) is scraped"
-    assert "metrics" in [p["name"] for p in matching[0]["spec"]["ports"]]
+    assert {"metrics", "exporter"} <= {p["name"] for p in matching[0]["spec"]["ports"]}
 
 
 # --- NOTES: the LMCache snippet loads with LMCache's own loader ---------------------------------
@@ -497,7 +504,11 @@ def test_tierd_args_parse_with_the_real_cli(values, tmp_path):
     from lmcache_valkey.config import parse_url
 
     (sts,) = _kind(_docs(_render(values)), "StatefulSet")
-    (tierd,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "tierd"]
+    tierds = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "tierd"]
+    if values.get("tierd", {}).get("enabled") is False:
+        assert tierds == []
+        return
+    (tierd,) = tierds
     assert tierd["command"] == ["lmcache-valkey"]
     args = build_parser().parse_args(tierd["args"])
     assert args.command == "tierd"

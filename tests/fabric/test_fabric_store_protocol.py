@@ -46,8 +46,15 @@ def test_chunk_transport_protocol_from_settings(start_server):
     asyncio.run(body())
 
 
+def _fallbacks(op: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("lmcache_valkey_fabric_fallbacks_total", {"op": op}) or 0.0
+
+
 def test_failed_rma_falls_back_to_bulk_within_the_deadline(start_server):
     srv = start_server("tcp;ofi_rxm")
+    before = _fallbacks("get")
     value = os.urandom(2 * MiB)
     srv.client().execute_command("BLOB.TCP_SET", b"k", value)
 
@@ -66,6 +73,7 @@ def test_failed_rma_falls_back_to_bulk_within_the_deadline(start_server):
 
     asyncio.run(body())
     assert srv.info()["xfers_failed"] == 1
+    assert _fallbacks("get") == before + 1  # what the LmcacheValkeyFabricFallbacks alert watches
 
 
 def test_store_picks_fabric_with_auto_and_round_trips_a_chunk(start_server):

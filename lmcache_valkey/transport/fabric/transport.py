@@ -23,6 +23,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
+from lmcache_valkey import metrics
 from lmcache_valkey.errors import (
     ConnectionLost,
     CorruptChunk,
@@ -405,7 +406,7 @@ class FabricTransport:
         try:
             plan = link.plan(parts, writable=False)
         except NoSlot:
-            self._stats["bulk_fallbacks"] += 1
+            self._fell_back("put")
             return await self._set_bulk(key, parts, ttl_ms, timeout)
         if plan.staged:
             self._stats["staged"] += 1
@@ -434,7 +435,7 @@ class FabricTransport:
             if not (self._bulk_fallback and left > 0):
                 raise
             log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
-            self._stats["bulk_fallbacks"] += 1
+            self._fell_back("put")
             return await self._set_bulk(key, parts, ttl_ms, left)
         _expect_ok(reply)
 
@@ -443,8 +444,14 @@ class FabricTransport:
         if left <= 0:
             raise DeadlineExceeded(f"no time left for a bulk fallback ({why})")
         log.info("fabric GET of %r not possible (%s): bulk fallback", key, why)
-        self._stats["bulk_fallbacks"] += 1
+        self._fell_back("get")
         return await self._get_bulk(key, bufs, left)
+
+    def _fell_back(self, op: str) -> None:
+        """An RMA transfer that the module's bulk (TCP) commands carry instead: counted here
+        and as lmcache_valkey_fabric_fallbacks_total (an alert: RMA is failing)."""
+        self._stats["bulk_fallbacks"] += 1
+        metrics.record_fabric_fallback(op)
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
         value = b"".join(bytes(byte_view(p)) for p in parts)
