@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "sglang"))
+sys.path.insert(0, str(ROOT / "tests" / "sglang_hicache"))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang 0.5.23 for the HiCache storage backend tests (tests/sglang) and its benchmark
+# SGLang 0.5.23 for the HiCache storage backend tests (tests/sglang_hicache) and its benchmark
 # (benchmarks/bench_sglang.py), in .venv-sglang. The least of SGLang that imports
 # sglang.srt.mem_cache.hicache_storage, the host pool classes (MHA, MLA) and the built-in
 # `file` backend on a CPU machine: torch and torchvision as SGLang pins them, SGLang itself
@@ -50,7 +50,7 @@ setup() {
 
 case "${1:-}" in
     setup) setup ;;
-    tests) echo "tests/sglang" ;;
-    owns) echo "tests/sglang" ;;
+    tests) echo "tests/sglang_hicache" ;;
+    owns) echo "tests/sglang_hicache" ;;
     *) echo "usage: $0 setup|tests|owns" >&2; exit 2 ;;
 esac
