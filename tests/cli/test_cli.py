@@ -110,3 +110,24 @@ def test_doctor_names_the_build_command_when_the_module_is_missing(valkey_server
     assert r.returncode == 1 and checks["modules"]["status"] == "fail"
     assert "lmcache-valkey endpoint build --out DIR" in checks["modules"]["fix"]
     assert "endpoint/build" not in checks["modules"]["fix"]  # a path only a checkout has
+
+
+def test_the_fabric_transport_against_a_plain_valkey_names_the_build_command(valkey_server):
+    import asyncio
+
+    from lmcache_valkey.errors import FabricUnavailable
+    from lmcache_valkey.transport.fabric import FabricTransport
+
+    async def body() -> str:
+        t = FabricTransport("127.0.0.1", valkey_server.port)
+        try:
+            t.register_buffer(bytearray(1 << 20))
+            await t.connect()
+        except FabricUnavailable as e:
+            return str(e)
+        finally:
+            await t.close()
+        return "connected"
+
+    message = asyncio.run(body())
+    assert "lmcache-valkey endpoint build --out DIR" in message and "endpoint/build" not in message, message

@@ -114,7 +114,7 @@ class SessionPool:
         except ErrorReply as exc:
             await raw.disconnect()
             if "unknown command" in exc.message.lower():
-                raise FabricUnavailable(f"{self.where} has no {commands.HELLO} (load endpoint/build/lmcv_blob.so): {exc.message}") from None
+                raise FabricUnavailable(f"{self.where} has no {commands.HELLO} (build the module with `lmcache-valkey endpoint build --out DIR` and load DIR/lmcv_blob.so): {exc.message}") from None
             raise commands.map_error(exc.message) from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
             await raw.disconnect()
