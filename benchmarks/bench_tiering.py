@@ -83,7 +83,7 @@ async def bench_nvme(base: str, chunk: int, n: int, jobs: int, rounds: int) -> d
 
         async def rd(k):
             async with sem:
-                got = await tier.read_value(k)
+                got = await tier.read(k)
                 assert got is not None
                 got.release()
 
@@ -123,7 +123,7 @@ async def bench_s3(url: str, bucket: str, chunk: int, n: int, jobs: int, rounds:
 
     async def tget(k, size):
         async with sem:
-            got = await tier.read_value(k, size)
+            got = await tier.read(k, size)
             assert got is not None
             got.release()
 

@@ -117,7 +117,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_tierd(args: argparse.Namespace) -> int:
-    from .tiering.service import run_tierd
+    from .tiering.tierd import run_tierd
 
     return asyncio.run(run_tierd(args)) or EXIT_OK
 
@@ -143,7 +143,7 @@ def _tierd_call(args: argparse.Namespace, command: Callable[[argparse.Namespace]
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     from .report import render_stats
-    from .tiering.service import tier_stats_command
+    from .tiering.tierd import tier_stats_command
 
     stats = _tierd_call(args, tier_stats_command)
     print(json.dumps(stats, indent=2, default=str) if args.json else render_stats(stats))
@@ -151,7 +151,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_evict(args: argparse.Namespace) -> int:
-    from .tiering.service import evict_command
+    from .tiering.tierd import evict_command
 
     n = _tierd_call(args, evict_command)
     print(json.dumps({"evicted": n}) if args.json else f"evicted {n} chunk(s) from {args.tier}")
@@ -161,7 +161,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
 async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], None]) -> bool:
     """Ask tierd to drain; while it works, report its S3 backlog every DRAIN_PROGRESS_S."""
     from .report import describe_backlog
-    from .tiering.service import _with_remote, drain, tier_stats
+    from .tiering.tierd import drain, tier_stats, with_remote
 
     async def body(tc: Any) -> bool:
         started = time.monotonic()
@@ -188,7 +188,7 @@ async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], No
                 waiting.cancel()
                 await asyncio.gather(waiting, return_exceptions=True)
 
-    return await _with_remote(args, body)
+    return await with_remote(args, body)
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .demo import add_demo_arguments  # both import only the standard library and this package
-    from .tiering import service
+    from .tiering import tierd as tierd_cli
 
     demo = sub.add_parser("demo", help="two workers share a prefix's KV cache through an embedded Valkey")
     add_demo_arguments(demo)
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tierd = sub.add_parser("tierd", help="run the tiering manager next to Valkey (NVMe and S3 tiers)",
                            epilog=EXIT_CODES_HELP)
-    service.add_tierd_arguments(tierd)
+    tierd_cli.add_tierd_arguments(tierd)
     tierd.set_defaults(func=_cmd_tierd)
 
     for name, helptext, func in (
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("drain", "wait until tierd's write-behind backlog is flushed (reports progress)", _cmd_drain),
     ):
         p = sub.add_parser(name, help=helptext)
-        getattr(service, f"add_{name}_arguments")(p)  # adds --url/--tenant/--json too
+        getattr(tierd_cli, f"add_{name}_arguments")(p)  # adds --url/--tenant/--json too
         p.set_defaults(func=func)
 
     bench = sub.add_parser("bench", help="quick put/get throughput against a server")

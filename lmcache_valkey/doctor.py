@@ -394,13 +394,13 @@ class Doctor:
             self._nvme_dir(ts)
 
     async def _tierd_answers(self) -> None:
-        from .tiering.client import TierClient
+        from .tiering.client import RemoteTierClient
 
         s = self.settings
         if self._client is None:
             self.add("tiering", SKIP, "service: Valkey not reachable, tierd not asked")
             return
-        client = TierClient.remote(self._client, s)
+        client = RemoteTierClient(self._client, s)
         try:
             stats = await client.control("stats", timeout=TIERD_WAIT_S)
         except (TimeoutError, asyncio.TimeoutError, RuntimeError, TransportError) as e:
@@ -459,7 +459,7 @@ class Doctor:
         try:
             await tier.start()
             n = 0
-            async for _ in tier.list_objects(self.settings.tenant):
+            async for _ in tier.inventory(self.settings.tenant):
                 n += 1
                 if n >= 1000:
                     break

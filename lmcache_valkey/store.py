@@ -77,7 +77,7 @@ class ChunkTransport(Protocol):
 
 
 class TierHints(Protocol):
-    """The worker-side view of the lower tiers (lmcache_valkey.tiering.client.TierClient)."""
+    """The worker-side view of the lower tiers (``tiering.client``: EmbeddedTierClient, RemoteTierClient)."""
 
     async def promote(self, data_key: bytes, *, timeout: float) -> bool: ...
 
@@ -738,7 +738,7 @@ async def open_store(
             owned.insert(0, transport)
         tiers = None
         if tiering is not None and tiering.enabled:
-            from .tiering.client import TierClient
+            from .tiering.client import EmbeddedTierClient, RemoteTierClient
 
             if tiering.mode == "embedded":
                 from .tiering.manager import TierManager
@@ -746,9 +746,9 @@ async def open_store(
                 manager = TierManager(settings, tiering, resp, tenant=settings.tenant)
                 await manager.start()
                 owned.append(manager)
-                tiers = TierClient.embedded(manager)
+                tiers = EmbeddedTierClient(manager)
             else:
-                tiers = TierClient.remote(resp, settings)
+                tiers = RemoteTierClient(resp, settings)
             owned.append(tiers)
     except BaseException:
         for obj in reversed(owned):

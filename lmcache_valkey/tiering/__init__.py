@@ -1,25 +1,28 @@
 """Tiering: Valkey RAM (hot) -> NVMe on the storage node (warm) -> S3-compatible storage (cold).
 
-Modules: ``settings`` (TieringSettings), ``policy`` (admission, demotion, cost, breaker),
-``index`` (tier index, pins, markers), ``nvme`` (NVMe tier), ``object_store`` (S3 tier; the
-only module importing aiobotocore), ``manager`` (TierManager), ``client`` (TierClient, the
-worker-side API), ``service`` (``tierd`` and CLI controls), ``protocol`` (the Valkey-list
-protocol between workers and tierd, docs/tiering-promotion.md).
+Modules (docs/layers.md, "Tiering"): ``settings`` (TieringSettings), ``ledger`` (every state
+of a chunk in the lower tiers), ``tiers`` (the LowerTier protocol), ``nvme`` and
+``object_store`` (its two implementations; only the latter imports aiobotocore), ``policy``
+(admission, demotion, cost, breaker: pure), ``demotion``, ``promotion``, ``deletion`` and
+``markers`` (the engines), ``manager`` (TierManager, the façade), ``client`` (the two tier
+clients, behind the store's TierHints), ``service`` (tierd's request protocol: one op
+table), ``requests`` (checks of untrusted requests), ``protocol`` (keys and encoding of the
+Valkey lists), ``tierd`` (the service process and CLI controls).
 
 Never imports: ``lmcache_valkey.store``, ``lmcache_valkey.integrations``, the fabric transport.
 Importing this package does not import aiobotocore.
 """
 
-from .client import TierClient
+from .client import EmbeddedTierClient, RemoteTierClient
 from .manager import TierManager
 from .settings import KNOWN_KEYS, TieringSettings, split_tiering_keys, tiering_settings_from_mapping
 
 __all__ = [
     "KNOWN_KEYS",
-    "TierClient",
+    "EmbeddedTierClient",
+    "RemoteTierClient",
     "TierManager",
     "TieringSettings",
     "split_tiering_keys",
     "tiering_settings_from_mapping",
 ]
-

@@ -1,4 +1,4 @@
-"""TierClient: the worker-side API of tiering, the same for both placements.
+"""Tier clients: the worker side of tiering, behind the store's ``TierHints``.
 
 The store calls (see ``lmcache_valkey.store.TierHints``)::
 
@@ -7,15 +7,16 @@ The store calls (see ``lmcache_valkey.store.TierHints``)::
     await tiers.note_hit(data_key)                          # after a RAM hit (cheap)
 
 and, for a coordinated delete across every tier, ``await tiers.delete(keys)``; for an
-engine's lookup-and-lock, ``await tiers.lease(keys, ttl_s)`` / ``await tiers.release(keys)``
-(embedded: at once; service: batched like hints, best effort, bounded by the lease's TTL).
+engine's lookup-and-lock, ``await tiers.lease(keys, ttl_s)`` / ``await tiers.release(keys)``.
 
-- embedded: ``TierClient.embedded(manager)`` calls the in-process :class:`TierManager`.
-- service: ``TierClient.remote(resp_client, settings)`` talks to ``tierd`` through Valkey
-  lists (docs/tiering-promotion.md): promotion requests are RPUSHed to the tenant's request
-  list; one listener task per worker BLPOPs the worker's reply list and resolves waiters;
-  hints are batched (one RPUSH per ~50 ms or 256 hints), bounded, and dropped (counted)
-  when Valkey is unreachable.
+Two placements, two classes:
+
+- :class:`EmbeddedTierClient` calls an in-process :class:`~.manager.TierManager`;
+- :class:`RemoteTierClient` talks to ``tierd`` through Valkey lists
+  (docs/tiering-promotion.md), with the op table of :mod:`.service`: requests are RPUSHed to
+  the tenant's request list; one listener task per worker BLPOPs the worker's reply list
+  and resolves waiters; hints (puts, hits, leases, releases) are batched (one RPUSH per
+  ~50 ms or 256 hints), bounded, and dropped (counted) when Valkey is unreachable.
 
 Never imports: aiobotocore, the store, the integrations.
 """
@@ -26,12 +27,14 @@ import asyncio
 import itertools
 import logging
 import time
+import uuid
 from typing import Any, Sequence
 
 from ..config import Settings
 from ..errors import TransportError
-from . import protocol, requests
-from .manager import TierManager, new_worker_id
+from . import protocol, requests, service
+from .deletion import record_intents
+from .manager import TierManager
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +43,68 @@ HINT_DELAY_S = 0.05
 HINT_MAX = 16384
 
 
-class TierClient:
-    """Use :meth:`embedded` or :meth:`remote` to construct."""
+def new_worker_id() -> str:
+    return uuid.uuid4().hex
 
-    def __init__(self, *, manager: TierManager | None = None, valkey: Any = None,
-                 settings: Settings | None = None, tenant: str | None = None) -> None:
+
+def _client_stats() -> dict[str, int]:
+    return {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0,
+            "requests_trimmed": 0, "delete_failures": 0}
+
+
+class EmbeddedTierClient:
+    """The tier manager runs in this process (``tiering: embedded``)."""
+
+    def __init__(self, manager: TierManager) -> None:
         self.manager = manager
+        self.stats = _client_stats()
+
+    async def promote(self, data_key: bytes, *, timeout: float) -> bool:
+        """True once the chunk is back in Valkey RAM; False = miss (absent, corrupt, deadline)."""
+        self.stats["promote_requests"] += 1
+        ok = timeout > 0 and await self.manager.promote(data_key, timeout=timeout)
+        self.stats["promote_ok" if ok else "promote_miss"] += 1
+        return ok
+
+    async def note_put(self, data_key: bytes, nbytes: int) -> None:
+        self.manager.note_put(data_key, nbytes)
+
+    async def note_hit(self, data_key: bytes) -> None:
+        self.manager.note_hit(data_key)
+
+    async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None:
+        self.manager.lease(data_keys, ttl_s)
+
+    async def release(self, data_keys: Sequence[bytes]) -> None:
+        self.manager.release(data_keys)
+
+    async def flush_hints(self) -> None:
+        """Nothing is batched in process."""
+
+    async def delete(self, data_keys: Sequence[bytes], *, timeout: float = 5.0) -> int:
+        """Coordinated delete: RAM value, marker, and every lower-tier copy, within ``timeout``."""
+        return await self.manager.delete(list(data_keys), timeout=timeout)
+
+    async def control(self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
+        """Run a control op (stats, evict, drain) as tierd would: same check, same call."""
+        return await service.run_in_process(self.manager, op, dict(args or {}), max(1, int(timeout * 1000)))
+
+    async def close(self) -> None:
+        """The manager is closed by whoever started it."""
+
+
+class RemoteTierClient:
+    """The tier manager is ``tierd`` next to Valkey (``tiering: service``)."""
+
+    def __init__(self, valkey: Any, settings: Settings, *, tenant: str | None = None) -> None:
         self.valkey = valkey
         self.settings = settings
-        if manager is None:
-            if valkey is None or settings is None:
-                raise ValueError("a remote TierClient needs a RespClient and Settings")
-            self.tenant = tenant or settings.tenant
-            self.key_prefix = settings.key_prefix
-            self.worker_id = new_worker_id()
-            self._req = protocol.request_key(self.key_prefix, self.tenant)
-            self._rep = protocol.reply_key(self.key_prefix, self.tenant, self.worker_id)
+        self.tenant = tenant or settings.tenant
+        self.key_prefix = settings.key_prefix
+        self.worker_id = new_worker_id()
+        self._req = protocol.request_key(self.key_prefix, self.tenant)
+        self._rep = protocol.reply_key(self.key_prefix, self.tenant, self.worker_id)
+        self._del_key = protocol.delete_key(self.key_prefix, self.tenant)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._listener: asyncio.Task[None] | None = None
@@ -65,87 +114,54 @@ class TierClient:
         self._releases: list[bytes] = []
         self._hint_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # hint sends in flight (referenced until done)
-        self.stats = {"promote_requests": 0, "promote_ok": 0, "promote_miss": 0, "hints_sent": 0, "hints_dropped": 0,
-                      "requests_trimmed": 0, "delete_failures": 0}
-
-    @classmethod
-    def embedded(cls, manager: TierManager) -> "TierClient":
-        return cls(manager=manager)
-
-    @classmethod
-    def remote(cls, valkey: Any, settings: Settings, *, tenant: str | None = None) -> "TierClient":
-        return cls(valkey=valkey, settings=settings, tenant=tenant)
+        self.stats = _client_stats()
 
     # --- the store's API -------------------------------------------------------------------
     async def promote(self, data_key: bytes, *, timeout: float) -> bool:
         """True once the chunk is back in Valkey RAM; False = miss (absent, corrupt, deadline)."""
         self.stats["promote_requests"] += 1
-        if timeout <= 0:
-            self.stats["promote_miss"] += 1
-            return False
-        if self.manager is not None:
-            ok = await self.manager.promote(data_key, timeout=timeout)
-        else:
+        ok = False
+        if timeout > 0:
             try:
-                r = await self._call("promote", {"key": data_key}, timeout)
-                ok = bool(r)
+                ok = bool(await self._call("promote", {"key": data_key}, timeout))
             except (TransportError, asyncio.TimeoutError, RuntimeError):
                 ok = False
         self.stats["promote_ok" if ok else "promote_miss"] += 1
         return ok
 
     async def note_put(self, data_key: bytes, nbytes: int) -> None:
-        if self.manager is not None:
-            self.manager.note_put(data_key, nbytes)
-            return
         self._puts.append((data_key, int(nbytes)))
         self._hint_soon()
 
     async def note_hit(self, data_key: bytes) -> None:
-        if self.manager is not None:
-            self.manager.note_hit(data_key)
-            return
         self._hits.append(data_key)
         self._hint_soon()
 
     async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None:
-        if self.manager is not None:
-            self.manager.lease(data_keys, ttl_s)
-            return
+        """Batched like hints: best effort, bounded by the lease's TTL."""
         ms = max(1, int(ttl_s * 1000))
         self._leases.extend((k, ms) for k in data_keys)
         self._hint_soon()
 
     async def release(self, data_keys: Sequence[bytes]) -> None:
-        if self.manager is not None:
-            self.manager.release(data_keys)
-            return
         self._releases.extend(data_keys)
         self._hint_soon()
 
     async def flush_hints(self) -> None:
-        """Send batched hints now (remote placement; no-op embedded)."""
-        if self.manager is None:
-            await self._send_hints()
+        """Send batched hints now."""
+        await self._send_hints()
 
     async def delete(self, data_keys: Sequence[bytes], *, timeout: float = 5.0) -> int:
         """Coordinated delete: RAM value, marker, and every lower-tier copy, within ``timeout``.
 
-        Remote: the delete intent is recorded in Valkey first (tierd applies it even if this
-        request is lost or tierd is down now); returns 0 when tierd does not answer in time."""
-        if self.manager is not None:
-            return await self.manager.delete(list(data_keys), timeout=timeout)
+        The delete intent is recorded in Valkey first (tierd applies it even if this request
+        is lost or tierd is down now); returns 0 when tierd does not answer in time."""
         keys = list(data_keys)
         if not keys:
             return 0
         t0 = time.monotonic()
-        dkey = protocol.delete_key(self.key_prefix, self.tenant)
-        args: list[Any] = [b"HSET", dkey]
-        now = int(time.time() * 1000)
-        for k in keys:
-            args += [k, now]
         try:
-            await self.valkey.command(*args, key=dkey, timeout=timeout)
+            await record_intents(self.valkey, self._del_key, keys, timeout)
             return int(await self._call("delete", {"keys": keys}, timeout - (time.monotonic() - t0)) or 0)
         except (TransportError, asyncio.TimeoutError, RuntimeError) as e:
             self.stats["delete_failures"] += 1
@@ -154,22 +170,11 @@ class TierClient:
 
     # --- control (CLI) ---------------------------------------------------------------------
     async def control(self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 10.0) -> Any:
-        """Run a control op (stats, evict, drain) on the manager, wherever it runs."""
-        args = args or {}
-        if self.manager is not None:
-            m = self.manager
-            if op == "stats":
-                return m.stats()
-            if op == "evict":
-                return await m.evict(args["tier"], keys=args.get("keys"), prefix=args.get("prefix"))
-            if op == "drain":
-                return await m.flush(float(args.get("timeout_s", timeout)))
-            raise ValueError(f"unknown control op {op!r}")
-        return await self._call(op, args, timeout)
+        """Run a control op (stats, evict, drain) on tierd."""
+        return await self._call(op, args or {}, timeout)
 
     async def close(self) -> None:
-        if self.manager is None:
-            await self._send_hints()
+        await self._send_hints()
         for t in (self._listener, self._hint_task, *self._tasks):
             if t is not None:
                 t.cancel()
@@ -179,8 +184,10 @@ class TierClient:
                 f.cancel()
         self._waiting.clear()
 
-    # --- remote plumbing -------------------------------------------------------------------
+    # --- requests and replies --------------------------------------------------------------
     async def _call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
+        if not service.OPS[op].replies:
+            raise ValueError(f"{op!r} is not answered: send it as a hint")
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = fut
@@ -276,3 +283,6 @@ class TierClient:
                 self.stats["requests_trimmed"] += n - cap
             except TransportError as e:
                 log.debug("tier client: request list not trimmed: %s", e)
+
+
+__all__ = ["EmbeddedTierClient", "RemoteTierClient", "new_worker_id"]

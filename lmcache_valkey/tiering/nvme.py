@@ -38,13 +38,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from .. import codec
 from ..errors import CorruptChunk
 from .. import metrics
 from .buffers import BufferPool
-from .index import ChunkRead, Pins, split_data_key
+from .markers import split_data_key
+from .tiers import ChunkRead, Found, NoEvents, Pins, Removal, TierEvents
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,11 @@ class NvmeDirInUse(RuntimeError):
 
 
 class NvmeTier:
-    tier = "nvme"
+    """A :class:`~.tiers.LowerTier` on a local directory (``remote`` is False: a removal is
+    done when :meth:`remove` returns, and a write is durable when :meth:`write` returns)."""
+
+    name = "nvme"
+    remote = False
 
     def __init__(
         self,
@@ -124,7 +129,7 @@ class NvmeTier:
         *,
         direct: bool = True,
         threads: int = 4,
-        on_evict: Callable[[bytes], None] | None = None,
+        events: TierEvents | None = None,
         fsync: bool = True,
         fsync_dir: bool = False,
     ) -> None:
@@ -142,7 +147,7 @@ class NvmeTier:
         self._writing: dict[bytes, asyncio.Future] = {}
         self.pins = Pins()
         self.buffers = BufferPool()
-        self.on_evict = on_evict
+        self.events: TierEvents = events or NoEvents()
         self._lock_fd: int | None = None
         self.stats = {
             "writes": 0, "reads": 0, "hits": 0, "misses": 0, "corrupt": 0, "evicted": 0,
@@ -160,7 +165,7 @@ class NvmeTier:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> list[NvmeEntry]:
+    async def start(self) -> None:
         """Create the directory, probe O_DIRECT, rebuild the index from file headers."""
         os.makedirs(self.root, exist_ok=True)
         self._lock()
@@ -174,16 +179,34 @@ class NvmeTier:
             self._used += e.disk_bytes
         self.stats["corrupt"] += corrupt
         for _ in range(corrupt):
-            metrics.record_miss(self.tier, "crc")
+            metrics.record_miss(self.name, "crc")
         self._usage()
-        return entries
 
-    async def close(self) -> None:
+    async def inventory(self, tenant: str) -> AsyncIterator[Found]:
+        """The files read at :meth:`start` (one tier per directory: every file is ours)."""
+        for e in list(self._lru.values()):
+            yield Found(e.key, e.value_len, e.mtime, e.expires_ms)
+
+    async def close(self, drain_timeout: float = 0.0) -> int:
         # wait for the file I/O in flight without blocking the event loop
         await asyncio.to_thread(self._pool.shutdown, True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+        return 0
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        return True  # writes are durable when they return
+
+    def available(self) -> bool:
+        return True
+
+    async def expiry_of(self, key: bytes) -> Found | None:
+        e = self._lru.get(key)
+        return None if e is None else Found(e.key, e.value_len, e.mtime, e.expires_ms)
+
+    def report(self) -> dict[str, Any]:
+        return {**self.stats, "used_bytes": self._used, "budget_bytes": self.budget, "direct_io": self.direct}
 
     def _lock(self) -> None:
         """One tier per directory: take an exclusive flock, or fail loudly."""
@@ -280,17 +303,20 @@ class NvmeTier:
         return self._used
 
     def _usage(self) -> None:
-        metrics.set_tier_usage(self.tier, self._used, self.budget)
+        metrics.set_tier_usage(self.name, self._used, self.budget)
 
     # --- write -----------------------------------------------------------------------------
-    async def write(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0) -> bool:
+    async def write(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
+                    ticket: int | None = None) -> bool:
         """Store a chunk value (codec header + payload, possibly split in ``parts``).
 
-        Returns True when the file is durable; False when refused (budget, ENOSPC, error)."""
-        if key in self._lru:
-            return True
-        if key in self._writing:
-            return await asyncio.shield(self._writing[key])
+        Returns True when the file is durable (with a ``ticket``, reported as ``landed``
+        first); False when refused (budget, ENOSPC, error)."""
+        if key in self._lru or key in self._writing:
+            ok = key in self._lru or await asyncio.shield(self._writing[key])
+            if ok and ticket is not None:
+                self._landed(key, ticket, self._lru[key].value_len, expires_ms)
+            return ok
         split_data_key(key)  # ValueError: only keys of the schema, every segment checked, reach the disk
         views = [memoryview(p).cast("B") for p in parts]
         value_len = sum(v.nbytes for v in views)
@@ -299,7 +325,7 @@ class NvmeTier:
             raise ValueError("a chunk value is at least its header")
         if not self._make_room(disk):
             self.stats["refused_budget"] += 1
-            metrics.record_admission(self.tier, False)
+            metrics.record_admission(self.name, False)
             metrics.record_error("demote", "overflow")
             return False
         fut = asyncio.get_running_loop().create_future()
@@ -312,7 +338,7 @@ class NvmeTier:
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.stats["refused_enospc"] += 1
-                metrics.record_admission(self.tier, False)
+                metrics.record_admission(self.name, False)
                 log.warning("nvme tier: disk full, chunk refused (%s)", e)
             else:
                 self.stats["write_errors"] += 1
@@ -327,11 +353,17 @@ class NvmeTier:
             self._used += disk
             self.stats["writes"] += 1
             self.stats["bytes_written"] += value_len
-            metrics.record_admission(self.tier, True)
-            metrics.record_put(self.tier, "local", value_len, True)
-            metrics.observe_latency("demote", self.tier, "local", time.perf_counter() - t0)
+            metrics.record_admission(self.name, True)
+            metrics.record_put(self.name, "local", value_len, True)
+            metrics.observe_latency("demote", self.name, "local", time.perf_counter() - t0)
             self._usage()
+            if ticket is not None:
+                self._landed(key, ticket, value_len, expires_ms)
         return ok
+
+    def _landed(self, key: bytes, ticket: int, value_len: int, expires_ms: int) -> None:
+        if not self.events.landed(self.name, key, ticket, value_len, expires_ms):
+            self._drop(key, report=False)  # stale (deleted while written): never served
 
     def _make_room(self, need: int) -> bool:
         if need > self.budget:
@@ -443,7 +475,7 @@ class NvmeTier:
         finally:
             mv.release()
 
-    async def read_value(self, key: bytes) -> ChunkRead | None:
+    async def read(self, key: bytes, value_len: int | None = None) -> ChunkRead | None:
         """The chunk's codec header and payload as views of one pooled aligned buffer, or None.
 
         Verified (header, tier record, CRC32C). A corrupt file is counted and removed.
@@ -451,7 +483,7 @@ class NvmeTier:
         e = self._lru.get(key)
         if e is None:
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.name, "absent")
             return None
         self._lru.move_to_end(key)
         self.stats["reads"] += 1
@@ -465,17 +497,17 @@ class NvmeTier:
             except FileNotFoundError:
                 self._drop(key)
                 self.stats["misses"] += 1
-                metrics.record_miss(self.tier, "absent")
+                metrics.record_miss(self.name, "absent")
                 return None
             except OSError as err:
                 log.warning("nvme tier: read of %s failed: %s", self.path_of(key), err)
                 self.stats["misses"] += 1
-                metrics.record_miss(self.tier, "error")
+                metrics.record_miss(self.name, "error")
                 return None
         mv = memoryview(buf)
         self.stats["hits"] += 1
         self.stats["bytes_read"] += e.value_len
-        metrics.observe_latency("get", self.tier, "local", time.perf_counter() - t0)
+        metrics.observe_latency("get", self.name, "local", time.perf_counter() - t0)
         return ChunkRead(mv[: codec.HEADER_SIZE], mv[PRELUDE : PRELUDE + header.payload_len],
                          lambda: self.buffers.release(buf))
 
@@ -491,10 +523,10 @@ class NvmeTier:
         dest = memoryview(dest).cast("B")
         if e is None or dest.nbytes != e.value_len - codec.HEADER_SIZE:
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "absent" if e is None else "oversized")
+            metrics.record_miss(self.name, "absent" if e is None else "oversized")
             return None
         if self.direct and not (dest.nbytes % BLOCK == 0 and _address(dest) % BLOCK == 0):
-            got = await self.read_value(key)
+            got = await self.read(key)
             if got is None:
                 return None
             try:
@@ -514,7 +546,7 @@ class NvmeTier:
                 if isinstance(err, FileNotFoundError):
                     self._drop(key)
                 self.stats["misses"] += 1
-                metrics.record_miss(self.tier, "absent" if isinstance(err, FileNotFoundError) else "error")
+                metrics.record_miss(self.name, "absent" if isinstance(err, FileNotFoundError) else "error")
                 return None
         self.stats["hits"] += 1
         self.stats["zero_copy_reads"] += 1
@@ -544,13 +576,13 @@ class NvmeTier:
         if c.reason == "format":  # another format version: a miss; the file stays (not ours to delete)
             self.stats["format_skipped"] += 1
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "format")
+            metrics.record_miss(self.name, "format")
             self._forget(key)
             return
         log.warning("nvme tier: corrupt chunk file %s (%s); removed", self.path_of(key), c)
         self.stats["corrupt"] += 1
         self.stats["misses"] += 1
-        metrics.record_miss(self.tier, c.reason)
+        metrics.record_miss(self.name, c.reason)
         self._drop(key, evicted=True)
 
     # --- remove ----------------------------------------------------------------------------
@@ -561,8 +593,7 @@ class NvmeTier:
             return
         self._used -= e.disk_bytes
         self._usage()
-        if self.on_evict is not None:
-            self.on_evict(key)
+        self.events.lost(self.name, key)
 
     def _doom(self, key: bytes) -> None:
         """Remove a chunk's file. While a read holds it, the file is renamed to a unique name
@@ -579,7 +610,7 @@ class NvmeTier:
         else:
             _unlink(path)
 
-    def _drop(self, key: bytes, *, evicted: bool = False) -> None:
+    def _drop(self, key: bytes, *, evicted: bool = False, report: bool = True) -> None:
         e = self._lru.pop(key, None)
         if e is None:
             return
@@ -588,22 +619,21 @@ class NvmeTier:
             self.stats["evicted"] += 1
         self._doom(key)
         self._usage()
-        if self.on_evict is not None:
-            self.on_evict(key)
+        if report:
+            self.events.lost(self.name, key)
 
-    async def remove(self, key: bytes) -> bool:
-        """Delete a chunk's file (renamed now, unlinked when the reads holding it finish).
-        True if it was present."""
-        present = key in self._lru
+    async def remove(self, key: bytes) -> Removal:
+        """Delete a chunk's file (renamed now, unlinked when the reads holding it finish)."""
         e = self._lru.pop(key, None)
-        if e is not None:
-            self._used -= e.disk_bytes
-            if self.pins.pinned(key):
-                self._doom(key)
-            else:
-                await self._run(_unlink, self.path_of(key))
-            self._usage()
-        return present
+        if e is None:
+            return Removal.ABSENT
+        self._used -= e.disk_bytes
+        if self.pins.pinned(key):
+            self._doom(key)
+        else:
+            await self._run(_unlink, self.path_of(key))
+        self._usage()
+        return Removal.GONE
 
 
 def _address(view: memoryview) -> int:

@@ -6,9 +6,9 @@
   per chunk holding the Valkey value verbatim (codec header + payload). The object key
   alone maps back to the data key; metadata ``lmcv-key``/``lmcv-len``/``lmcv-exp`` is
   written too. A listing therefore rebuilds the index after a restart.
-- Writes are write-behind: :meth:`enqueue` puts the value on a bounded queue (backlog is a
+- Writes are write-behind: :meth:`write` puts the value on a bounded queue (backlog is a
   metric); a full queue drops the chunk, counted and logged, never silently. Durability
-  starts when the upload completes (``on_durable`` is called). :meth:`flush` drains.
+  starts when the upload completes (reported as ``landed``). :meth:`flush` drains.
 - Large values use multipart upload; large reads use parallel ranged GETs into one buffer.
 - Conditional put (``If-None-Match: *``) keeps concurrent writers from clobbering; a store
   that refuses the header is remembered and written to without it.
@@ -16,8 +16,9 @@
   once and uploads wait in the queue. An upload is dropped (counted) after ``s3_max_retries``
   failures while the breaker is closed, or at once when the store refuses it for good (4xx);
   refusals are not fed to the breaker.
-- Uploads carry the manager's generation of the key (``is_wanted(key, gen)``), so a delete
-  drops or undoes them; a bad object is deleted with ``If-Match`` on the ETag that was read.
+- Uploads carry the write's ticket (:class:`~.tiers.TierEvents`): one the ledger no longer
+  wants (a delete meanwhile) is dropped before, or undone after, its upload; a bad object is
+  deleted with ``If-Match`` on the ETag that was read.
 
 botocore/aiohttp errors are mapped here to :mod:`lmcache_valkey.errors`.
 """
@@ -31,7 +32,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import aiobotocore.session
 from aiobotocore.config import AioConfig
@@ -41,8 +42,9 @@ from .. import codec
 from ..errors import ConnectionLost, CorruptChunk, DeadlineExceeded, TransportError
 from .. import metrics
 from .buffers import BufferPool
-from .index import ChunkRead, Pins, split_data_key
+from .markers import split_data_key
 from .policy import CircuitBreaker
+from .tiers import ChunkRead, Found, NoEvents, Pins, Removal, TierEvents
 from .settings import TieringSettings
 
 log = logging.getLogger(__name__)
@@ -107,43 +109,30 @@ def _code(e: BaseException) -> str:
 
 
 @dataclass
-class ObjectInfo:
-    key: bytes  # the Valkey data key
-    value_len: int
-    mtime: float
-    expires_ms: int = 0
-
-
-@dataclass
 class _Item:
     key: bytes
     value: memoryview
     expires_ms: int
     queued_at: float
-    gen: int = 0
+    ticket: int | None = None
 
 
 class ObjectTier:
-    tier = "s3"
+    """A :class:`~.tiers.LowerTier` on an S3-compatible store (``remote``: a removal may fail
+    or hang, so the manager records it as an intent and retries it)."""
 
-    def __init__(
-        self,
-        ts: TieringSettings,
-        *,
-        on_durable: Callable[[bytes, int, int, int], None] | None = None,
-        is_wanted: Callable[[bytes, int], bool] | None = None,
-        on_gone: Callable[[bytes], None] | None = None,
-    ) -> None:
+    name = "s3"
+    remote = True
+
+    def __init__(self, ts: TieringSettings, *, events: TierEvents | None = None) -> None:
         if not ts.s3_bucket:
             raise ValueError("object tier needs s3_bucket")
         self.ts = ts
         self.bucket = ts.s3_bucket
         self.prefix = ts.s3_prefix.strip("/")
-        self.on_durable = on_durable
-        self.is_wanted = is_wanted or (lambda key, gen: True)
-        self.on_gone = on_gone
+        self.events: TierEvents = events or NoEvents()
         self.breaker = CircuitBreaker(ts.breaker_failures, ts.breaker_reset_s,
-                                      on_change=lambda s: metrics.set_breaker_state(self.tier, s))
+                                      on_change=lambda s: metrics.set_breaker_state(self.name, s))
         self.pins = Pins()
         self.buffers = BufferPool(256 << 20)
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()  # bounded by backlog (queued + uploading)
@@ -203,7 +192,7 @@ class ObjectTier:
         self._client = await self._stack.enter_async_context(
             session.create_client("s3", endpoint_url=self.ts.s3_endpoint_url, region_name=self.ts.s3_region, config=cfg)
         )
-        metrics.set_breaker_state(self.tier, "closed")
+        metrics.set_breaker_state(self.name, "closed")
         for i in range(self.ts.s3_concurrency):
             self._workers.append(asyncio.create_task(self._uploader(), name=f"lmcv-s3-upload-{i}"))
 
@@ -219,7 +208,7 @@ class ObjectTier:
         if left:
             log.warning("object tier: %d chunk(s) not flushed at close (counted as drops)", left)
             self.stats["dropped"] += left
-            metrics.record_flush_drop(self.tier, left)
+            metrics.record_flush_drop(self.name, left)
         await self._stack.aclose()
         return left
 
@@ -232,27 +221,29 @@ class ObjectTier:
     def backlog_bytes(self) -> int:
         return self._bytes
 
-    def enqueue(self, key: bytes, value: bytes | bytearray | memoryview, *, expires_ms: int = 0, gen: int = 0) -> bool:
-        """Queue a chunk value for upload. False (counted, logged) when the queue is full
-        (``flush_queue_max`` chunks or ``flush_queue_max_bytes`` bytes).
+    async def write(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
+                    ticket: int | None = None) -> bool:
+        """Queue a chunk value for upload (write-behind). False (counted, logged) when the
+        queue is full (``flush_queue_max`` chunks or ``flush_queue_max_bytes`` bytes).
 
-        ``gen``: the caller's generation of ``key``; ``is_wanted(key, gen)`` is asked before
-        and after the upload, so a delete (which changes the generation) drops or undoes it."""
+        With a ``ticket``, ``events.wanted`` is asked before and after the upload (a delete
+        meanwhile drops or undoes it) and the outcome is reported: ``landed`` or ``dropped``."""
         try:
             self.object_key(key)
         except ValueError as e:
             self.stats["bad_keys"] += 1
             log.warning("object tier: upload refused: %s", e)
             return False
-        mv = memoryview(value).cast("B")
+        views = [memoryview(p).cast("B") for p in parts]
+        mv = views[0] if len(views) == 1 else memoryview(b"".join(views))
         if self.backlog < self.ts.flush_queue_max and (
             self._bytes + mv.nbytes <= self.ts.flush_queue_max_bytes or not self.backlog
         ):
             self._bytes += mv.nbytes
-            self._queue.put_nowait(_Item(key, mv, expires_ms, time.monotonic(), gen))
+            self._queue.put_nowait(_Item(key, mv, expires_ms, time.monotonic(), ticket))
         else:
             self.stats["dropped"] += 1
-            metrics.record_flush_drop(self.tier)
+            metrics.record_flush_drop(self.name)
             metrics.record_error("flush", "overflow")
             if self.stats["dropped"] in (1, 10, 100) or self.stats["dropped"] % 1000 == 0:
                 log.warning("object tier: flush queue full (%d); %d chunk(s) dropped so far",
@@ -260,7 +251,7 @@ class ObjectTier:
             return False
         self._idle.clear()
         self.stats["enqueued"] += 1
-        metrics.set_flush_backlog(self.tier, self.backlog)
+        metrics.set_flush_backlog(self.name, self.backlog)
         return True
 
     async def flush(self, timeout: float | None = None) -> bool:
@@ -286,7 +277,7 @@ class ObjectTier:
                 self._holding -= 1
                 self._bytes -= item.value.nbytes
                 self._queue.task_done()
-                metrics.set_flush_backlog(self.tier, self.backlog)
+                metrics.set_flush_backlog(self.name, self.backlog)
                 if not self.backlog:
                     self._idle.set()
 
@@ -298,7 +289,7 @@ class ObjectTier:
         counted, and not fed to the breaker."""
         attempt = 0
         while True:
-            if not self.is_wanted(item.key, item.gen):
+            if item.ticket is not None and not self.events.wanted(self.name, item.key, item.ticket):
                 return  # deleted while queued
             if not self.breaker.allow():
                 await asyncio.sleep(self.breaker.retry_in())
@@ -332,20 +323,20 @@ class ObjectTier:
                     self.breaker.release_probe()
                 raise
             self.breaker.success()
-            metrics.observe_latency("flush", self.tier, "local", time.perf_counter() - t0)
-            if not self.is_wanted(item.key, item.gen):  # deleted during upload: undo
-                with contextlib.suppress(TransportError):
+            metrics.observe_latency("flush", self.name, "local", time.perf_counter() - t0)
+            if item.ticket is not None and not self.events.landed(self.name, item.key, item.ticket,
+                                                                  item.value.nbytes, item.expires_ms):
+                with contextlib.suppress(TransportError):  # deleted during upload: undo
                     await self.delete_now(item.key)
-                return
-            if self.on_durable is not None:
-                self.on_durable(item.key, item.value.nbytes, item.expires_ms, item.gen)
             return
 
     def _drop_item(self, item: _Item, cause: str, why: str) -> None:
         self.stats["dropped"] += 1
-        metrics.record_flush_drop(self.tier)
+        metrics.record_flush_drop(self.name)
         metrics.record_error("flush", cause)
         log.warning("object tier: upload of %s dropped: %s", self.object_key(item.key), why)
+        if item.ticket is not None:
+            self.events.dropped(self.name, item.key, item.ticket)
 
     # --- direct operations -----------------------------------------------------------------
     async def put(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
@@ -383,8 +374,15 @@ class ObjectTier:
             self.breaker.success()
         self.stats["uploaded"] += 1
         self.stats["bytes_uploaded"] += body.nbytes
-        metrics.record_put(self.tier, "local", body.nbytes, True)
-        metrics.record_demotion(self.tier, body.nbytes)
+        metrics.record_put(self.name, "local", body.nbytes, True)
+        metrics.record_demotion(self.name, body.nbytes)
+
+    def available(self) -> bool:
+        return self.breaker.state != self.breaker.OPEN
+
+    def report(self) -> dict[str, Any]:
+        return {**self.stats, "backlog": self.backlog, "queue_max": self.ts.flush_queue_max,
+                "breaker": self.breaker.state}
 
     def _fail_direct(self, gated: bool) -> None:
         self.stats["upload_failures"] += 1
@@ -442,7 +440,10 @@ class ObjectTier:
         info = await self.head_info(key)
         return None if info is None else info.value_len
 
-    async def head_info(self, key: bytes) -> ObjectInfo | None:
+    async def expiry_of(self, key: bytes) -> Found | None:
+        return await self.head_info(key)
+
+    async def head_info(self, key: bytes) -> Found | None:
         """Length, mtime and expiry (``lmcv-exp``) of a stored chunk, or None when absent."""
         try:
             async with self._sem:
@@ -454,18 +455,19 @@ class ObjectTier:
         except Exception as e:
             raise _map_error(e) from None
         mtime = r["LastModified"].timestamp() if r.get("LastModified") else 0.0
-        return ObjectInfo(key, int(r["ContentLength"]), mtime, _int_or_zero((r.get("Metadata") or {}).get("lmcv-exp")))
+        return Found(key, int(r["ContentLength"]), mtime, _int_or_zero((r.get("Metadata") or {}).get("lmcv-exp")))
 
-    async def read_value(self, key: bytes, value_len: int | None = None) -> ChunkRead | None:
-        """(codec header, payload) of a stored chunk, verified; None on a miss.
+    async def read(self, key: bytes, value_len: int | None = None) -> ChunkRead | None:
+        """(codec header, payload) of a stored chunk, verified; None on a miss (absent, corrupt:
+        counted, a corrupt object deleted). Raises TransportError when the store did not answer
+        (breaker open, connection, timeout).
 
-        Reads with parallel ranged GETs when the value is larger than ``s3_range_bytes``.
-        A corrupt object is counted and deleted."""
+        Reads with parallel ranged GETs when the value is larger than ``s3_range_bytes``."""
         if not self.breaker.allow():
             self.stats["breaker_rejections"] += 1
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "connection")
-            return None
+            metrics.record_miss(self.name, "connection")
+            raise ConnectionLost("object store: circuit breaker open")
         probe = self.breaker.probing  # this read is the half-open probe
         self.stats["reads"] += 1
         okey = self.object_key(key)
@@ -484,7 +486,7 @@ class ObjectTier:
                 if value_len is None:
                     self.breaker.success()
                     self.stats["misses"] += 1
-                    metrics.record_miss(self.tier, "absent")
+                    metrics.record_miss(self.name, "absent")
                     self._gone(key)
                     return None
             buf = self.buffers.acquire(value_len)
@@ -497,20 +499,20 @@ class ObjectTier:
         except _Absent:
             self.breaker.success()
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.name, "absent")
             self._gone(key)
             return None
         except TransportError as e:
             self.breaker.failure()
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, e.cause)
-            return None
+            metrics.record_miss(self.name, e.cause)
+            raise
         self.breaker.success()
         exp = _int_or_zero(meta.get("lmcv-exp"))
         if exp and exp <= int(time.time() * 1000):  # expired (the listing could not tell)
             self.buffers.release(buf)
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, "absent")
+            metrics.record_miss(self.name, "absent")
             etag = meta.get(_ETAG)
             self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
@@ -528,14 +530,14 @@ class ObjectTier:
             if c.reason == "format":  # another format version (rolling upgrade): a miss, not ours to delete
                 self.stats["format_misses"] += 1
                 self.stats["misses"] += 1
-                metrics.record_miss(self.tier, "format")
+                metrics.record_miss(self.name, "format")
                 self._gone(key)
                 self.buffers.release(buf)
                 return None
             log.warning("object tier: corrupt object %s (%s); deleted", okey, c)
             self.stats["corrupt"] += 1
             self.stats["misses"] += 1
-            metrics.record_miss(self.tier, c.reason)
+            metrics.record_miss(self.name, c.reason)
             etag = meta.get(_ETAG)
             self.pins.defer(key, lambda: self._delete_quiet(key, etag))
             self._gone(key)
@@ -543,13 +545,12 @@ class ObjectTier:
             return None
         self.stats["hits"] += 1
         self.stats["bytes_read"] += value_len
-        metrics.observe_latency("get", self.tier, "local", time.perf_counter() - t0)
+        metrics.observe_latency("get", self.name, "local", time.perf_counter() - t0)
         return ChunkRead(mv[: codec.HEADER_SIZE], mv[codec.HEADER_SIZE :], lambda: self.buffers.release(buf),
                          expires_ms=exp)
 
     def _gone(self, key: bytes) -> None:
-        if self.on_gone is not None:
-            self.on_gone(key)
+        self.events.lost(self.name, key)
 
     async def _get_ranges(self, okey: str, dest: memoryview, total: int, meta: dict[str, str]) -> int:
         """Parallel ranged GETs into ``dest``; ``meta`` receives the object's metadata."""
@@ -606,14 +607,15 @@ class ObjectTier:
         counts = await asyncio.gather(*(one(s, e) for s, e in ranges))
         return sum(counts)
 
-    async def delete(self, key: bytes) -> bool:
-        """Delete the object now (True), or defer it while a read holds it (False: the
-        caller retries later). Raises TransportError (breaker open, store failing)."""
+    async def remove(self, key: bytes) -> Removal:
+        """Delete the object now (GONE; the store cannot tell whether it was there), or defer
+        it while a read holds it (PENDING: ask again later). Raises TransportError (breaker
+        open, store failing)."""
         if self.pins.pinned(key):
             self.pins.defer(key, lambda: self._delete_quiet(key))
-            return False
+            return Removal.PENDING
         await self.delete_now(key)
-        return True
+        return Removal.GONE
 
     async def delete_now(self, key: bytes) -> None:
         """DELETE the object (idempotent: absent is success), gated by the breaker."""
@@ -665,8 +667,9 @@ class ObjectTier:
         except Exception as e:  # noqa: BLE001 - best effort; logged
             log.warning("object tier: delete of %s failed: %s", okey, e)
 
-    async def list_objects(self, tenant: str | None = None) -> AsyncIterator[ObjectInfo]:
-        """Every stored chunk (for rebuilding the index)."""
+    async def inventory(self, tenant: str | None = None) -> AsyncIterator[Found]:
+        """Every stored chunk of ``tenant`` (for rebuilding the ledger); a listing cannot tell
+        an object's expiry (``expires_ms`` None: :meth:`expiry_of` reads it)."""
         prefix = self.tenant_prefix(tenant) if tenant else self.prefix + "/"
         paginator = self._client.get_paginator("list_objects_v2")
         try:
@@ -675,7 +678,7 @@ class ObjectTier:
                     key = self.data_key_of(o["Key"])
                     if key is None:
                         continue
-                    yield ObjectInfo(key, int(o["Size"]), o["LastModified"].timestamp())
+                    yield Found(key, int(o["Size"]), o["LastModified"].timestamp(), None)
         except ClientError as e:
             raise _map_error(e) from None
         except (BotoCoreError, OSError) as e:

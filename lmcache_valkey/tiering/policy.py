@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 Clock = Callable[[], float]
 
@@ -60,8 +60,26 @@ def parse_info_memory(text: str | bytes) -> MemoryState:
     return MemoryState(int(fields.get("used_memory", 0)), int(fields.get("maxmemory", 0)))
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A chunk value in Valkey RAM, as the demotion pass sees it (plain facts, no I/O)."""
+
+    key: bytes
+    idle_s: float  # OBJECT IDLETIME
+    lower: bool = False  # some lower tier holds a durable copy (its RAM copy can simply go)
+    admitted: bool = False  # admission would copy it down first (matters only without ``lower``)
+    promoting: bool = False  # a promotion is staging it
+    leased: bool = False  # an engine's lookup-and-lock holds it
+
+
 class Demotion:
-    """How many bytes to move out of Valkey RAM: above the high watermark, down to the low one."""
+    """Which RAM copies move out, and when a pass has done enough.
+
+    Above the high watermark of ``maxmemory`` a pass frees down to the low one, most idle
+    first; with ``idle_s``, copies idle longer than that go whatever the memory. A copy being
+    promoted or under a lease stays; one no lower tier holds goes only if admission lets it be
+    copied down first (one-time prompts are left to Valkey's own eviction policy).
+    """
 
     def __init__(self, high: float = 0.85, low: float = 0.70, idle_s: float | None = None) -> None:
         self.high, self.low, self.idle_s = high, low, idle_s
@@ -80,6 +98,18 @@ class Demotion:
 
     def idle_enough(self, idle_s: float) -> bool:
         return self.idle_s is not None and idle_s >= self.idle_s
+
+    def eligible(self, c: Candidate) -> bool:
+        return not (c.promoting or c.leased) and (c.lower or c.admitted)
+
+    def plan(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """The copies a pass may remove, in the order it tries them (most idle first)."""
+        return sorted((c for c in candidates if self.eligible(c)), key=lambda c: -c.idle_s)
+
+    def enough(self, freed: int, need: int, idle_s: float) -> bool:
+        """Stop before a copy idle for ``idle_s``: ``need`` bytes are freed and it is not idle
+        enough to go anyway (``need`` 0: an idle-only pass)."""
+        return freed >= need and not self.idle_enough(idle_s)
 
 
 class CostModel:

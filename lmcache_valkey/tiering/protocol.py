@@ -6,10 +6,9 @@ See docs/tiering-promotion.md. Keys (inside the tenant's ACL pattern ``~<prefix>
     <prefix>:<tenant>:_tierd:rep:<uuid>    replies to one worker process, RPUSH by tierd,
                                            BLPOP by that worker; PEXPIRE keeps it from lingering
 
-Messages are msgpack maps. Request: ``{"op", "id", "reply", "ttl_ms", ...}``; reply:
-``{"id", "ok", "result"}``. Ops: ``promote`` (``key``), ``hint`` (``put``: [[key, nbytes]],
-``hit``: [key]; no reply), ``stats``, ``evict`` (``tier``, ``keys`` or ``prefix``), ``drain``
-(``timeout_s``), ``delete`` (``keys``).
+Messages are msgpack maps. Request: ``{"op", "id", "reply", "ttl_ms", "sent_ms", ...}``;
+reply: ``{"id", "ok", "result"}``. The ops, their fields and who answers them: the op table
+of :mod:`.service` (``OPS``).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import msgpack
 
 REPLY_TTL_MS = 60_000
 REQUEST_MAX = 100_000  # requests kept in the list while tierd is down (oldest trimmed)
-OPS = ("promote", "hint", "stats", "evict", "drain", "delete")
 
 
 def request_key(key_prefix: str, tenant: str) -> bytes:

@@ -14,10 +14,10 @@ this module is the one place that turns its bytes into a typed :class:`Request`:
   a request can never make tierd read, copy, evict or delete another tenant's chunks or write
   to another tenant's reply list (a confused deputy).
 
-The server side of the protocol calls :func:`parse_request` once per message and acts only
-on what it returns; a :class:`BadRequest` carries the reply list and id when those were
-valid, so the sender still gets an error reply. One table (:data:`_BODIES`) holds the
-checks of each op's own fields.
+The server side of the protocol (:mod:`.service`) calls :func:`parse_request` once per
+message, with its op table (``service.OPS``: each op's check of its own fields is one of the
+``check_*`` functions here), and acts only on what it returns; a :class:`BadRequest` carries
+the reply list and id when those were valid, so the sender still gets an error reply.
 
 Never imports: a transport, aiobotocore, the store, the integrations.
 """
@@ -29,7 +29,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..keys import SEGMENT_RE, parse_data_key
 from . import protocol
@@ -162,8 +162,8 @@ def _keys(scope: TenantScope, v: Any, what: str) -> tuple[bytes, ...]:
     return tuple(scope.data_key(k, f"{what}[{i}]") for i, k in enumerate(_list(v, what)))
 
 
-# --- the op table: each op's own fields ------------------------------------------------------
-def _hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+# --- each op's own fields (service.OPS names the check of each op) ---------------------------
+def check_hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     puts = []
     for i, p in enumerate(_list(m.get("put", []), "put")):
         if not isinstance(p, list) or len(p) != 2:
@@ -181,15 +181,15 @@ def _hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     return {"puts": tuple(puts), "hits": hits, "leases": tuple(leases), "releases": releases}
 
 
-def _promote(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+def check_promote(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     return {"key": scope.data_key(m.get("key"), "key")}
 
 
-def _stats(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+def check_stats(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     return {}
 
 
-def _evict(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+def check_evict(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     tier = m.get("tier")
     if tier not in TIERS or not isinstance(tier, str):
         raise BadRequest(f"tier: one of {'|'.join(TIERS)} expected, got {_show(tier)}")
@@ -200,24 +200,19 @@ def _evict(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]
     return {"tier": tier, "prefix": scope.evict_prefix(m["prefix"])}
 
 
-def _drain(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+def check_drain(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     t = m.get("timeout_s", ttl_ms / 1000)
     if type(t) not in (int, float) or not math.isfinite(t) or not 0 < t <= MAX_TTL_MS / 1000:
         raise BadRequest(f"timeout_s: seconds in (0, {MAX_TTL_MS // 1000}] expected, got {_show(t)}")
     return {"timeout_s": float(t)}
 
 
-def _delete(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+def check_delete(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
     return {"keys": _keys(scope, m.get("keys"), "keys")}
 
 
-_BODIES: dict[str, Callable[[TenantScope, dict[str, Any], int], dict[str, Any]]] = {
-    "hint": _hint, "promote": _promote, "stats": _stats, "evict": _evict, "drain": _drain, "delete": _delete,
-}
-assert set(_BODIES) == set(protocol.OPS)
-
-
-def _unpack(raw: Any) -> dict[str, Any]:
+def unpack(raw: Any) -> dict[str, Any]:
+    """The message in ``raw``: bounded before anything is built for it, a msgpack map."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise BadRequest(f"a msgpack map expected, got {_kind(raw)}")
     if len(raw) > MAX_REQUEST_BYTES:
@@ -232,12 +227,16 @@ def _unpack(raw: Any) -> dict[str, Any]:
     return msg
 
 
-def parse_request(raw: Any, scope: TenantScope, *, now_ms: int | None = None) -> Request:
+Check = Callable[[TenantScope, dict[str, Any], int], dict[str, Any]]
+
+
+def parse_request(raw: Any, scope: TenantScope, checks: Mapping[str, Check], *, now_ms: int | None = None) -> Request:
     """The checked request in ``raw``, or :class:`BadRequest` naming what is wrong.
+    ``checks``: op name -> the check of that op's own fields (the op table's).
 
     ``ttl_ms`` of the result is what is left of the sender's deadline: the time the request
     waited in the list (``sent_ms``) is taken off; clocks may differ, so never added."""
-    msg = _unpack(raw)
+    msg = unpack(raw)
     reply = None if msg.get("reply") is None else scope.reply_key(msg["reply"])  # where an error would go
     rid = msg.get("id")
     try:
@@ -246,8 +245,8 @@ def parse_request(raw: Any, scope: TenantScope, *, now_ms: int | None = None) ->
         raise BadRequest(e.reason, reply=reply) from None
     try:
         op = msg.get("op")
-        if not isinstance(op, str) or op not in _BODIES:
-            raise BadRequest(f"op: one of {'|'.join(_BODIES)} expected, got {_show(op)}")
+        if not isinstance(op, str) or op not in checks:
+            raise BadRequest(f"op: one of {'|'.join(checks)} expected, got {_show(op)}")
         ttl_ms = _int(msg.get("ttl_ms", DEFAULT_TTL_MS), "ttl_ms", 1, MAX_TTL_MS)
         sent = msg.get("sent_ms")
         if sent is not None:
@@ -255,10 +254,11 @@ def parse_request(raw: Any, scope: TenantScope, *, now_ms: int | None = None) ->
             waited = (int(time.time() * 1000) if now_ms is None else now_ms) - sent
             if waited > 0:
                 ttl_ms -= waited
-        body = _BODIES[op](scope, msg, max(ttl_ms, 1))
+        body = checks[op](scope, msg, max(ttl_ms, 1))
     except BadRequest as e:
         raise BadRequest(e.reason, reply=reply, id=rid) from None
     return Request(op=op, id=rid, reply=reply, ttl_ms=ttl_ms, **body)
 
 
-__all__ = ["BadRequest", "Request", "TenantScope", "RateLimitedLog", "parse_request", "MAX_REQUEST_BYTES", "MAX_KEYS"]
+__all__ = ["BadRequest", "Check", "Request", "TenantScope", "RateLimitedLog", "parse_request", "MAX_REQUEST_BYTES",
+           "MAX_KEYS", "check_delete", "check_drain", "check_evict", "check_hint", "check_promote", "check_stats"]

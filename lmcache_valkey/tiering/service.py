@@ -1,228 +1,187 @@
-"""``lmcache-valkey tierd``: the tier manager as a service next to Valkey, and CLI controls.
+"""The tierd request protocol: one op table (:data:`OPS`) for the server and its clients.
 
-The CLI calls :func:`add_tierd_arguments` on its ``tierd`` sub-parser and runs
-``asyncio.run(run_tierd(args))``. Control sub-commands call :func:`tier_stats`,
-:func:`evict` and :func:`drain`, which reach a running ``tierd`` through Valkey (the same
-request list workers use, docs/tiering-promotion.md) or an in-process manager.
+Workers (:class:`~.client.RemoteTierClient`) and the CLI push requests to the tenant's
+request list in Valkey; ``tierd`` serves them with :class:`RequestServer`
+(docs/tiering-promotion.md). For every op, the table says whether the sender waits for an
+answer, which check (:mod:`.requests`) the server runs on the op's own fields before acting,
+and what the server does with the checked request (a :class:`~.manager.TierManager` call).
+An embedded client runs the same check and the same call in process.
 
-SIGTERM/SIGINT: stop taking requests, drain the object-tier backlog for at most
-``--drain-timeout-s``, report what was left (counted as drops), exit.
+Never imports: aiobotocore, valkey-py, the store, the integrations.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
-import signal
-from dataclasses import replace
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..config import Settings
-from ..errors import ConfigError
-from .. import metrics
-from .client import TierClient
-from .manager import TierManager
-from ..settings import load_settings
-from .settings import TieringSettings
+from ..errors import ServerError, TransportError
+from . import protocol, requests
+from .requests import Request
+
+if TYPE_CHECKING:
+    from .manager import TierManager
 
 log = logging.getLogger(__name__)
 
-
-def add_tierd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p = parser
-    p.add_argument("--valkey-url", required=True, help="valkey://host:port (the Valkey this tierd serves)")
-    p.add_argument("--tenant", default="default", help="tenant whose chunks this tierd manages")
-    p.add_argument("--key-prefix", default="lmcv", help="key prefix (Settings.key_prefix)")
-    p.add_argument("--nvme-dir", default=None, help="directory on NVMe for the warm tier")
-    p.add_argument("--nvme-budget-bytes", default="64GiB", help="byte budget of the NVMe tier (e.g. 500GiB)")
-    p.add_argument("--s3-bucket", default=None, help="bucket of the cold tier (omit: no object tier)")
-    p.add_argument("--s3-prefix", default="lmcache-valkey", help="object key prefix; the tenant is added")
-    p.add_argument("--s3-endpoint-url", default=None, help="endpoint of an S3-compatible store")
-    p.add_argument("--s3-region", default=None)
-    p.add_argument("--flush-queue-max", default=1024, type=int, help="write-behind queue bound (chunks)")
-    p.add_argument("--admission", default="second_touch", help="always | second_touch | frequency")
-    p.add_argument("--recompute-budget-s", default=2.0, type=float)
-    p.add_argument("--metrics-port", default=None, type=int, help="serve /metrics and /healthz on this port")
-    p.add_argument("--drain-timeout-s", default=30.0, type=float, help="bound on draining the backlog at SIGTERM")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other setting (repeatable), e.g. --set demote_idle_s=600")
-    return p
+SERVE_MAX = 256  # requests handled at once by a RequestServer (then BLPOP waits)
+LPOP_BATCH = 128  # requests drained without blocking after a BLPOP (one round trip)
+_REPLY_SCRIPT = b"redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])"
 
 
-def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, TieringSettings]:
-    """tierd's settings from its flags, through the one entry point every component uses
-    (``lmcache_valkey.settings.load_settings``); ``--set KEY=VALUE`` takes any other key."""
-    raw: dict[str, Any] = {"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix,
-                           "tiering": "service", "nvme_budget_bytes": args.nvme_budget_bytes,
-                           "s3_prefix": args.s3_prefix, "flush_queue_max": args.flush_queue_max,
-                           "admission": args.admission, "recompute_budget_s": args.recompute_budget_s}
-    for k in ("nvme_dir", "s3_bucket", "s3_endpoint_url", "s3_region"):
-        if getattr(args, k, None):
-            raw[k] = getattr(args, k)
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        raw[k.strip()] = v.strip()
-    settings, ts = load_settings(raw, key_prefix="--")
-    if ts.nvme_dir is None and ts.s3_bucket is None:
-        raise ConfigError("--nvme-dir", "--nvme-dir and/or --s3-bucket (tierd needs a tier to manage)")
-    return settings, ts
+@dataclass(frozen=True)
+class Op:
+    name: str
+    replies: bool  # the sender waits for {"id", "ok", "result"}
+    check: requests.Check  # the op's own fields, checked by the server before anything acts
+    run: Callable[["TierManager", Request], Awaitable[Any]]
 
 
-async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = None,
-                    stop: asyncio.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop``). Returns the process exit status."""
-    from ..transport.resp import RespClient
+async def _hint(m: "TierManager", req: Request) -> None:
+    for k, n in req.puts:
+        m.note_put(k, n)
+    for k in req.hits:
+        m.note_hit(k)
+    for k, ms in req.leases:  # leases before releases: a batch never ends a lease it has not begun
+        m.lease([k], ms / 1000)
+    m.release(req.releases)
 
-    if not logging.getLogger().handlers:  # a service logs to stderr unless the host configured logging
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    settings, ts = settings_from_tierd_args(args)
-    valkey = RespClient(replace(settings, connections_per_node=max(settings.connections_per_node, 8)))
-    await valkey.start()
-    manager = TierManager(settings, ts, valkey)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+async def _promote(m: "TierManager", req: Request) -> bool:
+    ttl = req.ttl_ms / 1000
+    return await m.promote(req.key, timeout=ttl) if ttl > 0 else False
+
+
+async def _stats(m: "TierManager", req: Request) -> dict[str, Any]:
+    return m.stats()
+
+
+async def _evict(m: "TierManager", req: Request) -> int:
+    return await m.evict(req.tier, keys=req.keys, prefix=req.prefix)
+
+
+async def _drain(m: "TierManager", req: Request) -> bool:
+    return await m.flush(min(req.timeout_s, max(req.ttl_ms / 1000, 0.001)))
+
+
+async def _delete(m: "TierManager", req: Request) -> int:
+    return await m.delete(req.keys, timeout=max(req.ttl_ms / 1000, 0.001))
+
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("promote", True, requests.check_promote, _promote),
+    Op("hint", False, requests.check_hint, _hint),
+    Op("stats", True, requests.check_stats, _stats),
+    Op("evict", True, requests.check_evict, _evict),
+    Op("drain", True, requests.check_drain, _drain),
+    Op("delete", True, requests.check_delete, _delete),
+)}
+CHECKS: dict[str, requests.Check] = {name: op.check for name, op in OPS.items()}
+
+
+def parse(raw: Any, scope: requests.TenantScope) -> Request:
+    """A request as the server takes it: bounded, typed, confined (BadRequest otherwise)."""
+    return requests.parse_request(raw, scope, CHECKS)
+
+
+async def run_in_process(manager: "TierManager", op: str, fields: dict[str, Any], ttl_ms: int) -> Any:
+    """Run ``op`` on an in-process manager: the same check and the same call as tierd's."""
+    scope = requests.TenantScope(manager.settings.key_prefix, manager.tenant)
+    o = OPS.get(op)
+    if o is None:
+        raise ValueError(f"unknown op {op!r}: {'|'.join(OPS)}")
+    return await o.run(manager, Request(op=op, ttl_ms=ttl_ms, **o.check(scope, fields, ttl_ms)))
+
+
+class RequestServer:
+    """tierd's side: consume the tenant's request list, act on checked requests, answer."""
+
+    def __init__(self, manager: "TierManager", *, max_at_once: int = SERVE_MAX) -> None:
+        self.m = manager
+        self.valkey = manager.valkey
+        self.timeout = manager.settings.op_timeout_s
+        self.counters = manager.counters
+        self._scope = requests.TenantScope(manager.settings.key_prefix, manager.tenant)
+        self._bad_log = requests.RateLimitedLog(log, "tierd: bad request refused")
+        self._sem = asyncio.Semaphore(max_at_once)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
+
+    async def serve(self, stop: asyncio.Event | None = None) -> None:
+        """Consume the request list until ``stop`` is set (docs/tiering-promotion.md)."""
+        req = protocol.request_key(self.m.settings.key_prefix, self.m.tenant)
+        block = self.m.ts.request_block_s
         try:
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-    metrics_server = None
-    try:
-        await manager.start()
-        if args.metrics_port is not None:
-            metrics_server = metrics.start_http_server(args.metrics_port, health=lambda: not stop.is_set())
-        log.info("tierd: serving tenant %s on %s", args.tenant, settings.url_for_humans)
-        if ready is not None:
-            ready.set()
-        server = asyncio.create_task(manager.serve_requests(stop))
-        await stop.wait()
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)
-        log.info("tierd: stopping; draining the flush backlog (<= %.1fs)", args.drain_timeout_s)
-        left = await manager.close(args.drain_timeout_s)
-        if left:
-            log.warning("tierd: %d chunk(s) were not flushed to the object tier", left)
-        return 0 if not left else 3
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        if metrics_server is not None:
-            metrics_server.close()
-        if not manager._closing:
-            await manager.close(0.0)
-        await valkey.close()
+            while stop is None or not stop.is_set():
+                try:
+                    r = await self.valkey.command(b"BLPOP", req, block, key=req, timeout=block + self.timeout)
+                except TransportError as e:
+                    log.warning("tierd: request list unavailable (%s); retrying", e)
+                    await asyncio.sleep(min(1.0, block))
+                    continue
+                if not r:
+                    continue
+                await self._serve_one(r[1])
+                try:  # drain what is already queued without blocking (one round trip)
+                    more = await self.valkey.command(b"LPOP", req, LPOP_BATCH, key=req, timeout=self.timeout)
+                except TransportError:
+                    more = None
+                for m in more or ():
+                    await self._serve_one(m)
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve_one(self, raw: bytes) -> None:
+        """Handle a request in the background; at most ``max_at_once`` at once (the request
+        list is not read meanwhile, so a burst waits in Valkey, not in tierd's memory)."""
+        await self._sem.acquire()
+        t = asyncio.ensure_future(self.handle(raw))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(lambda _t: self._sem.release())
+
+    async def handle(self, raw: bytes) -> None:
+        """Act on one request, checked first: a malformed one, or one naming anything
+        outside this tenant, is counted, logged and answered with an error."""
+        self.counters["requests"] += 1
+        try:
+            req = parse(raw, self._scope)
+        except requests.BadRequest as e:
+            self.counters["bad_requests"] += 1
+            self._bad_log.note(e.reason)
+            if e.reply is not None:
+                await self._reply(e.reply, protocol.pack({"id": e.id, "ok": False, "result": f"bad request: {e.reason}"}))
+            return
+        op = OPS[req.op]
+        ok, result = True, None
+        try:
+            result = await op.run(self.m, req)
+        except Exception as e:  # noqa: BLE001 - the reply carries it
+            ok, result = False, f"{type(e).__name__}: {e}"
+        if op.replies and req.reply is not None:
+            await self._reply(req.reply, protocol.pack({"id": req.id, "ok": ok, "result": result}))
+
+    async def _reply(self, reply: bytes, payload: bytes) -> None:
+        """RPUSH + PEXPIRE as one script, so a reply list never exists without its TTL (a
+        connection lost between two commands would leak it). Where scripts are refused
+        (ACL, disabled), the two commands are sent one after the other."""
+        try:
+            if self._scripts:
+                try:
+                    await self.valkey.command(b"EVAL", _REPLY_SCRIPT, 1, reply, payload, protocol.REPLY_TTL_MS,
+                                              key=reply, timeout=self.timeout)
+                    return
+                except ServerError as e:
+                    log.warning("tierd: EVAL refused (%s); replies use RPUSH then PEXPIRE", e)
+                    self._scripts = False
+            await self.valkey.command(b"RPUSH", reply, payload, key=reply, timeout=self.timeout)
+            await self.valkey.command(b"PEXPIRE", reply, protocol.REPLY_TTL_MS, key=reply, timeout=self.timeout)
+        except TransportError as e:
+            log.debug("tierd: reply failed: %s", e)
 
 
-# --- controls for the CLI --------------------------------------------------------------------
-async def _control(target: Any, op: str, args: dict[str, Any], timeout: float) -> Any:
-    client = target if isinstance(target, TierClient) else (
-        TierClient.embedded(target) if isinstance(target, TierManager) else None)
-    if client is None:
-        raise TypeError("target must be a TierClient or TierManager")
-    return await client.control(op, args, timeout=timeout)
-
-
-async def tier_stats(target: Any, *, timeout: float = 10.0) -> dict[str, Any]:
-    """Per-tier stats of a tierd (``TierClient.remote``) or an in-process manager."""
-    return await _control(target, "stats", {}, timeout)
-
-
-async def evict(target: Any, tier: str, *, keys: Sequence[bytes] | None = None,
-                namespace: str | None = None, key_prefix: str = "lmcv", tenant: str = "default",
-                timeout: float = 60.0) -> int:
-    """Remove copies from one tier (ram | nvme | s3): the given data keys, or every chunk of a
-    namespace (its digest, as in ``<prefix>:<tenant>:<digest>:c:{id}``)."""
-    args: dict[str, Any] = {"tier": tier}
-    if keys is not None:
-        args["keys"] = list(keys)
-    elif namespace is not None:
-        args["prefix"] = f"{key_prefix}:{tenant}:{namespace}:c:".encode()
-    else:
-        raise ValueError("evict needs keys or a namespace")
-    return int(await _control(target, "evict", args, timeout))
-
-
-async def drain(target: Any, *, timeout: float = 60.0) -> bool:
-    """Wait until the flush backlog is empty (True) or ``timeout`` passes (False)."""
-    return bool(await _control(target, "drain", {"timeout_s": timeout}, timeout + 5.0))
-
-
-# --- argparse glue for the CLI's control sub-commands (stats, evict, drain) --------------------
-def _add_control_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--valkey-url", "--url", dest="valkey_url", required=True,
-                   help="valkey://host:port of the Valkey that tierd serves")
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--key-prefix", default="lmcv")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for tierd's answer")
-    if not any(a.dest == "json" for a in p._actions):
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def add_stats_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    _add_control_arguments(p)
-    return p
-
-
-def add_evict_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    _add_control_arguments(p)
-    p.add_argument("--tier", required=True, choices=("ram", "nvme", "s3"))
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--namespace", help="namespace digest (the third segment of a data key)")
-    g.add_argument("--key", action="append", help="a data key, e.g. 'lmcv:t1:<ns>:c:{<id>}' (repeatable)")
-    return p
-
-
-def add_drain_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    _add_control_arguments(p)
-    return p
-
-
-async def _with_remote(args: argparse.Namespace, fn) -> Any:
-    from ..transport.resp import RespClient
-
-    settings, _ = load_settings({"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix})
-    valkey = RespClient(settings)
-    await valkey.start()
-    tc = TierClient.remote(valkey, settings)
-    try:
-        return await fn(tc)
-    finally:
-        await tc.close()
-        await valkey.close()
-
-
-async def tier_stats_command(args: argparse.Namespace) -> dict[str, Any]:
-    return await _with_remote(args, lambda tc: tier_stats(tc, timeout=args.timeout))
-
-
-async def evict_command(args: argparse.Namespace) -> int:
-    keys = [k.encode() for k in args.key] if args.key else None
-    return await _with_remote(args, lambda tc: evict(tc, args.tier, keys=keys, namespace=args.namespace,
-                                                     key_prefix=args.key_prefix, tenant=args.tenant,
-                                                     timeout=args.timeout))
-
-
-async def drain_command(args: argparse.Namespace) -> bool:
-    return await _with_remote(args, lambda tc: drain(tc, timeout=args.timeout))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lmcache_valkey.tiering.service ...`` (until the CLI wires ``tierd``)."""
-    parser = add_tierd_arguments(argparse.ArgumentParser(prog="lmcache-valkey tierd"))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run_tierd(args))
-
-
-def dumps(obj: Any) -> str:
-    """JSON for ``tier_stats`` output (bytes keys as text)."""
-    return json.dumps(obj, indent=2, sort_keys=True, default=lambda o: o.decode(errors="replace") if isinstance(o, bytes) else str(o))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["CHECKS", "OPS", "Op", "RequestServer", "SERVE_MAX", "parse", "run_in_process"]

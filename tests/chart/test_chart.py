@@ -516,7 +516,7 @@ def test_tierd_args_parse_with_the_real_cli(values, tmp_path):
     nodes, tls, *_ = parse_url(args.valkey_url)
     assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", 6379)]
     assert tls == bool(values.get("tls", {}).get("enabled"))
-    from lmcache_valkey.tiering.service import settings_from_tierd_args
+    from lmcache_valkey.tiering.tierd import settings_from_tierd_args
 
     ca = tmp_path / "ca.crt"  # the pod mounts it; here a file must exist at the path the URL names
     ca.write_text("")

@@ -15,7 +15,6 @@ import pytest
 
 from promhelp import Prometheus, expected_hit_rates, free_port, hit_rate_query
 
-pytest.importorskip("lmcache_valkey.tiering.service", reason="tiering is not in this tree")
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "tiering"))  # tierhelp: chunk values in the codec's format
@@ -71,11 +70,11 @@ async def _traffic(server) -> None:
     the NVMe tier, and asking for a chunk nobody has is a miss."""
     from tierhelp import NS, chunk, resp_client
 
-    from lmcache_valkey.tiering import TierClient
-    from lmcache_valkey.tiering.service import drain, evict
+    from lmcache_valkey.tiering import RemoteTierClient
+    from lmcache_valkey.tiering.tierd import drain, evict
 
     client = await resp_client(server)
-    tc = TierClient.remote(client, client.settings)
+    tc = RemoteTierClient(client, client.settings)
     try:
         items = [chunk(i, 64 << 10) for i in range(4)]
         for key, value in items:

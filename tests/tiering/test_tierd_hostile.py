@@ -291,7 +291,7 @@ def test_object_keys_and_nvme_files_refuse_unchecked_segments(moto_s3, nvme_dir)
             for key in HOSTILE_KEYS:
                 with pytest.raises(ValueError):
                     o.object_key(key)
-                assert o.enqueue(key, value) is False
+                assert await o.write(key, [value]) is False
                 with pytest.raises(ValueError):
                     await nv.write(key, [value])
             assert await o.flush(30)
@@ -306,7 +306,7 @@ def test_object_keys_and_nvme_files_refuse_unchecked_segments(moto_s3, nvme_dir)
                 s3.put_object(Bucket=moto_s3.bucket, Key=name, Body=value)
             good, _ = chunk(8, 4096)
             assert await o.put(good, [value]) is not False
-            listed = [x.key async for x in o.list_objects("t1")]
+            listed = [x.key async for x in o.inventory("t1")]
             assert listed == [good]
         finally:
             await o.close()
@@ -320,12 +320,13 @@ def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
     them: every message it pushes passes tierd's checks, and no hint is lost."""
     from tierhelp import resp_client
 
-    from lmcache_valkey.tiering import TierClient
-    from lmcache_valkey.tiering.requests import MAX_KEYS, TenantScope, parse_request
+    from lmcache_valkey.tiering import RemoteTierClient
+    from lmcache_valkey.tiering.requests import MAX_KEYS, TenantScope
+    from lmcache_valkey.tiering.service import parse
 
     async def main() -> None:
         client = await resp_client(valkey_server)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         try:
             keys = [NS.data_key(f"{i:032x}") for i in range(MAX_KEYS + 5000)]
             for k in keys:  # no await yields here: all of them are pending at once
@@ -338,6 +339,6 @@ def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
 
     asyncio.run(main())
     raws = valkey_server.cmd("LRANGE", T1_REQ, 0, -1)
-    reqs = [parse_request(r, TenantScope("lmcv", "t1")) for r in raws]  # raises on any refused message
+    reqs = [parse(r, TenantScope("lmcv", "t1")) for r in raws]  # raises on any refused message
     assert len(reqs) >= 2 and sum(len(r.puts) for r in reqs) == MAX_KEYS + 5000
     assert sum(len(r.leases) for r in reqs) == 10

@@ -15,7 +15,7 @@ import pytest
 from support.procs import sigterm_and_collect
 from tierhelp import NS, chunk, ram_get, resp_client
 
-from lmcache_valkey.tiering import TierClient
+from lmcache_valkey.tiering import RemoteTierClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +28,7 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
 def _put_with_hints(server, items) -> None:
     async def body() -> None:
         client = await resp_client(server)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         for key, value in items:
             await client.set(key, [value], ttl_s=None, timeout=5.0)
             await tc.note_put(key, len(value))
@@ -68,7 +68,7 @@ def test_tierd_process_cli_controls_and_sigterm(small_valkey, nvme_dir, moto_s3)
 
         async def read_back() -> None:
             client = await resp_client(small_valkey)
-            tc = TierClient.remote(client, client.settings)
+            tc = RemoteTierClient(client, client.settings)
             for key, value in items:
                 assert await ram_get(client, key, len(value)) is None
                 assert await tc.promote(key, timeout=20.0)

@@ -12,9 +12,10 @@ import pytest
 from tierhelp import NS, StallProxy, chunk, ram_get, resp_client, tiering
 
 from lmcache_valkey import codec
-from lmcache_valkey.tiering import TierClient, TierManager, protocol
-from lmcache_valkey.tiering.index import marker_of
+from lmcache_valkey.tiering import RemoteTierClient, TierManager, protocol
+from lmcache_valkey.tiering.markers import marker_of
 from lmcache_valkey.tiering.object_store import ObjectTier
+from lmcache_valkey.tiering.service import RequestServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,15 +67,15 @@ def test_delete_while_s3_down_is_never_served_after_restart(small_valkey, moto_s
         await _put_tiered(m, client, keep, kvalue)
         moto_s3.stop()
         await m.delete([key])
-        assert key not in m.index and m.stats()["manager"]["s3_deletes_pending"] == 1
+        assert key not in m.ledger and m.stats()["manager"]["s3_deletes_pending"] == 1
         await m.close()
         moto_s3.start()
         m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
         try:
-            assert key not in m2.index and keep in m2.index  # the recorded intent wins over the listing
+            assert key not in m2.ledger and keep in m2.ledger  # the recorded intent wins over the listing
             assert not await m2.promote(key, timeout=5.0)
-            assert await m2.retry_deletes() == 1  # the background deleter finishes the job
-            assert await m2.s3.head(key) is None and await m2.s3.head(keep) is not None
+            assert await m2.deleter.retry() == 1  # the background deleter finishes the job
+            assert await m2.tier("s3").head(key) is None and await m2.tier("s3").head(keep) is not None
             assert await client.command(b"HLEN", protocol.delete_key("lmcv", "t1"), timeout=5.0) == 0
         finally:
             await m2.close()
@@ -94,12 +95,12 @@ def test_listing_that_fails_at_start_is_retried(small_valkey, moto_s3) -> None:
         moto_s3.stop()
         m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
         try:
-            assert key not in m2.index  # listing failed
+            assert key not in m2.ledger  # listing failed
             moto_s3.start()
-            assert await m2.rebuild_object_index()
-            assert m2.index.tiers_of(key) == ["s3"]
+            assert await m2.rebuild_index("s3")
+            assert m2.ledger.tiers_of(key) == ["s3"]
             await m2.delete([key])  # an S3 DELETE goes out whatever the index said before
-            assert await m2.s3.head(key) is None
+            assert await m2.tier("s3").head(key) is None
         finally:
             await m2.close()
             await client.close()
@@ -121,14 +122,14 @@ def test_black_holed_object_store_does_not_hold_up_delete_or_expiry(small_valkey
             # bounded by its own deadline, not by the store's 60 s timeout
             await asyncio.wait_for(m.delete([k1], timeout=0.3), 20)
             assert await client.exists_many([k1, marker_of(k1)], timeout=5.0) == [False, False]
-            assert k1 not in m.index and k1 not in m.nvme and k1 in m._s3_doomed
-            await _until(lambda: m.index.get(k2) is None)
-            assert await asyncio.wait_for(m.expire_once(), 20) == 1  # hands the object delete over
-            assert k2 not in m.nvme and k2 in m._s3_doomed
+            assert k1 not in m.ledger and k1 not in m.tier("nvme") and k1 in m.ledger.doomed("s3")
+            await _until(lambda: m.ledger.get(k2) is None)
+            assert await asyncio.wait_for(m.deleter.expire(), 20) == 1  # hands the object delete over
+            assert k2 not in m.tier("nvme") and k2 in m.ledger.doomed("s3")
             proxy.stall = False
-            await _until(lambda: not m._tasks, 60)
-            await m.retry_deletes()
-            assert not m._s3_doomed and await m.s3.head(k1) is None and await m.s3.head(k2) is None
+            assert await m.settle(60)
+            await m.deleter.retry()
+            assert not m.ledger.doomed("s3") and await m.tier("s3").head(k1) is None and await m.tier("s3").head(k2) is None
         finally:
             proxy.stall = False
             await m.close()
@@ -147,18 +148,18 @@ def test_late_put_hint_never_resurrects_a_deleted_chunk(small_valkey, moto_s3) -
             await client.set(key, [value], ttl_s=None, timeout=5.0)
             moto_s3.stop()  # the upload stays queued
             m.note_put(key, len(value))
-            await _until(lambda: key in m._s3_pending)
+            await _until(lambda: m.ledger.state(key, "s3") == "writing")
             await m.delete([key])
             m.note_put(key, len(value))  # a hint batched before the delete arrives after it
             moto_s3.start()
             assert await m.flush(30.0)
-            await _until(lambda: not m._tasks)
-            assert key not in m.index and not await m.promote(key, timeout=5.0)
-            assert await m.s3.head(key) is None
+            assert await m.settle(20)
+            assert key not in m.ledger and not await m.promote(key, timeout=5.0)
+            assert await m.tier("s3").head(key) is None
             assert await client.exists_many([marker_of(key)], timeout=5.0) == [False]
             # a real put after the delete is tiered again
             await _put_tiered(m, client, key, value)
-            assert m.index.tiers_of(key) == ["s3"]
+            assert m.ledger.tiers_of(key) == ["s3"]
         finally:
             await m.close()
             await client.close()
@@ -183,11 +184,11 @@ def test_object_copy_keeps_its_expiry_after_restart(small_valkey, moto_s3) -> No
             assert await m2.promote(key, timeout=5.0)
             pttl = await client.command(b"PTTL", key, key=key, timeout=5.0)
             assert 0 < pttl <= 30_000  # staged with the chunk's remaining TTL, not forever
-            assert 0 < m2.index.get(key).expires_ms
+            assert 0 < m2.ledger.get(key).expires_ms
             # the background pass learns it for the others (HEAD: lmcv-exp)
-            assert await m2.learn_object_expiry() == 1
-            assert 0 < m2.index.get(k2).expires_ms
-            await _until(lambda: not m2._tasks)
+            assert await m2.deleter.learn_expiry() == 1
+            assert 0 < m2.ledger.get(k2).expires_ms
+            assert await m2.settle(20)
             for k in (key, k2):
                 assert 0 < await client.command(b"PTTL", marker_of(k), key=marker_of(k), timeout=5.0) <= 30_000
         finally:
@@ -205,9 +206,9 @@ def test_permanently_refused_upload_is_dropped_and_not_fed_to_the_breaker(small_
         try:
             key, value = chunk(1, 20_000)
             await _put_tiered(m, client, key, value)  # NoSuchBucket (404): flush returns
-            st = m.s3.stats
+            st = m.tier("s3").stats
             assert st["rejected"] == 1 and st["dropped"] == 1 and st["retries"] == 0
-            assert m.s3.breaker.state == "closed" and key not in m.index
+            assert m.tier("s3").breaker.state == "closed" and key not in m.ledger
         finally:
             await m.close()
             await client.close()
@@ -222,23 +223,23 @@ def test_upload_that_keeps_failing_gives_up_after_max_retries(small_valkey, moto
         m, client = await _manager(small_valkey, _s3(moto_s3, s3_max_retries=2, breaker_failures=50))
         bad, vbad = chunk(1, 20_000)
         good, vgood = chunk(2, 20_000)
-        real = m.s3._client.put_object
+        real = m.tier("s3")._client.put_object
 
         async def flaky(**kw):
-            if kw["Key"] == m.s3.object_key(bad):
+            if kw["Key"] == m.tier("s3").object_key(bad):
                 raise ClientError({"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 500}},
                                   "PutObject")
             return await real(**kw)
 
-        m.s3._client.put_object = flaky
+        m.tier("s3")._client.put_object = flaky
         try:
             for k, v in ((bad, vbad), (good, vgood)):
                 await client.set(k, [v], ttl_s=None, timeout=5.0)
                 m.note_put(k, len(v))
             assert await m.flush(30.0)  # not wedged
-            st = m.s3.stats
+            st = m.tier("s3").stats
             assert st["gave_up"] == 1 and st["retries"] == 2 and st["dropped"] == 1
-            assert m.index.tiers_of(good) == ["s3"] and bad not in m.index
+            assert m.ledger.tiers_of(good) == ["s3"] and bad not in m.ledger
         finally:
             await m.close()
             await client.close()
@@ -256,18 +257,18 @@ def test_promotion_under_memory_pressure_never_scans_inline(small_valkey, nvme_d
             for k, v in items:
                 await _put_tiered(m, client, k, v)
             scans = 0
-            real = m._candidates
+            real = m.demoter.candidates
 
             async def counted():
                 nonlocal scans
                 scans += 1
                 return await real()
 
-            m._candidates = counted
+            m.demoter.candidates = counted
             key, value = items[0]
             await m.evict("ram", keys=[key])
             assert await m.promote(key, timeout=10.0)
-            assert scans == 0 and m.stats()["manager"]["demote_wakeups"] == 1 and m._wake.is_set()
+            assert scans == 0 and m.stats()["manager"]["demote_wakeups"] == 1 and m.demoter.wake.is_set()
             assert await ram_get(client, key, len(value)) == value
             await m.demote_once()  # the demotion pass does the freeing, once
             assert scans == 1 and m.stats()["manager"]["demoted"] > 0
@@ -287,7 +288,7 @@ def test_store_delete_removes_ram_and_marker_without_tierd(small_valkey) -> None
 
         client = await resp_client(small_valkey)
         settings = replace(client.settings, op_timeout_s=0.5)
-        tc = TierClient.remote(client, settings)
+        tc = RemoteTierClient(client, settings)
         store = ChunkStore(settings, NS, client, tiers=tc)
         try:
             key, value = chunk(3, 10_000)
@@ -309,7 +310,7 @@ def test_request_list_is_bounded_while_tierd_is_down(small_valkey, monkeypatch) 
 
     async def main() -> None:
         client = await resp_client(small_valkey)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         try:
             for i in range(12):
                 await tc.note_hit(chunk(i, 1000)[0])
@@ -326,14 +327,11 @@ def test_request_list_is_bounded_while_tierd_is_down(small_valkey, monkeypatch) 
 
 # --- bounded request handling, byte-bounded write-behind ------------------------------
 def test_requests_handled_at_most_serve_max_at_once(small_valkey, nvme_dir, monkeypatch) -> None:
-    from lmcache_valkey.tiering import manager as manager_mod
-
-    monkeypatch.setattr(manager_mod, "_SERVE_MAX", 4)
-
     async def main() -> None:
         m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir, request_block_s=0.1))
+        server = RequestServer(m, max_at_once=4)
         running = peak = 0
-        real = m._handle
+        real = server.handle
 
         async def slow(raw):
             nonlocal running, peak
@@ -343,15 +341,15 @@ def test_requests_handled_at_most_serve_max_at_once(small_valkey, nvme_dir, monk
             running -= 1
             await real(raw)
 
-        m._handle = slow
+        server.handle = slow
         req = protocol.request_key("lmcv", "t1")
         for i in range(20):
             await client.command(b"RPUSH", req, protocol.pack({"op": "hint", "hit": [chunk(i, 100)[0]]}), key=req,
                                  timeout=5.0)
         stop = asyncio.Event()
-        serve = asyncio.create_task(m.serve_requests(stop))
+        serve = asyncio.create_task(server.serve(stop))
         try:
-            await _until(lambda: m.stats_counters["requests"] == 20)
+            await _until(lambda: m.counters["requests"] == 20)
             assert peak == 4
         finally:
             stop.set()
@@ -371,10 +369,10 @@ def test_write_behind_queue_is_bounded_in_bytes(small_valkey, moto_s3) -> None:
             for k, v in items:
                 await client.set(k, [v], ttl_s=None, timeout=5.0)
                 m.note_put(k, len(v))
-            await _until(lambda: not m._copying)
-            assert m.s3.backlog == 2 and m.s3.backlog_bytes <= 100_000 and m.s3.stats["dropped"] == 3
+            await _until(lambda: not m.demoter.in_flight)
+            assert m.tier("s3").backlog == 2 and m.tier("s3").backlog_bytes <= 100_000 and m.tier("s3").stats["dropped"] == 3
             moto_s3.start()
-            assert await m.flush(30.0) and m.s3.backlog_bytes == 0
+            assert await m.flush(30.0) and m.tier("s3").backlog_bytes == 0
         finally:
             await m.close()
             await client.close()
@@ -389,9 +387,9 @@ def test_marker_write_racing_a_delete_and_stray_markers_are_removed(small_valkey
         try:
             key, value = chunk(1, 10_000)
             await _put_tiered(m, client, key, value)
-            t = asyncio.create_task(m._sync_marker(key))
+            t = asyncio.create_task(m.markers.sync([key]))
             await asyncio.sleep(0)  # its SET is on the wire
-            m.index.remove(key)  # ... when the chunk goes
+            m.ledger.lost(key, "nvme")  # ... when the chunk goes
             await t
             assert await client.exists_many([marker_of(key)], timeout=5.0) == [False]
             # a marker nobody indexes (left by a crash, or another race) goes at the repair pass
@@ -421,21 +419,21 @@ def test_copies_of_another_format_version_are_misses_but_kept(small_valkey, nvme
         await m.evict("ram", keys=[key])
         newer = bytearray(value)
         struct.pack_into("<H", newer, 4, codec.VERSION + 1)  # a newer writer's header
-        okey = m.s3.object_key(key)
-        await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=bytes(newer))
+        okey = m.tier("s3").object_key(key)
+        await m.tier("s3")._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=bytes(newer))
         await m.evict("nvme", keys=[key])
         try:
             assert not await m.promote(key, timeout=5.0)
-            assert m.s3.stats["format_misses"] == 1 and m.s3.stats["corrupt"] == 0
-            await _until(lambda: not m._tasks)
-            assert await m.s3.head(key) is not None  # kept for the other version's readers
+            assert m.tier("s3").stats["format_misses"] == 1 and m.tier("s3").stats["corrupt"] == 0
+            assert await m.settle(20)
+            assert await m.tier("s3").head(key) is not None  # kept for the other version's readers
         finally:
             await m.close()
         # NVMe: a file whose tier record has another version survives a restart, unindexed
-        path = m.nvme.path_of(key)
+        path = m.tier("nvme").path_of(key)
         m2 = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
         await m2.start(background=False)
-        assert await m2.nvme.write(key, [value])
+        assert await m2.tier("nvme").write(key, [value])
         await m2.close()
         with open(path, "r+b") as f:
             f.seek(codec.HEADER_SIZE + 4)
@@ -443,7 +441,7 @@ def test_copies_of_another_format_version_are_misses_but_kept(small_valkey, nvme
         m3 = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
         await m3.start(background=False)
         try:
-            assert key not in m3.index and os.path.exists(path) and m3.nvme.stats["format_skipped"] == 1
+            assert key not in m3.ledger and os.path.exists(path) and m3.tier("nvme").stats["format_skipped"] == 1
         finally:
             await m3.close()
             await client.close()
@@ -461,15 +459,15 @@ def test_cancelled_half_open_probe_does_not_stick_the_breaker(small_valkey, moto
         try:
             key, value = chunk(1, 20_000)
             await _put_tiered(m, client, key, value)
-            m.s3.breaker.failure()  # open
-            await _until(lambda: m.s3.breaker.state == "half_open")
+            m.tier("s3").breaker.failure()  # open
+            await _until(lambda: m.tier("s3").breaker.state == "half_open")
             proxy.stall = True
-            probe = asyncio.create_task(m.s3.read_value(key, len(value)))
-            await _until(lambda: m.s3.breaker.probing)
+            probe = asyncio.create_task(m.tier("s3").read(key, len(value)))
+            await _until(lambda: m.tier("s3").breaker.probing)
             probe.cancel()
             await asyncio.gather(probe, return_exceptions=True)
             proxy.stall = False
-            assert m.s3.breaker.allow()  # the next request may probe
+            assert m.tier("s3").breaker.allow()  # the next request may probe
         finally:
             proxy.stall = False
             await m.close()
@@ -494,7 +492,7 @@ def test_chunk_that_expires_during_its_copy_is_not_copied_without_expiry(small_v
         client.command = expiring
         try:
             await _put_tiered(m, client, key, value, ttl_s=30.0)
-            e = m.index.get(key)
+            e = m.ledger.get(key)
             assert e is None or e.expires_ms > 0  # never "no expiry" for an expiring chunk
         finally:
             client.command = real
@@ -519,7 +517,7 @@ def test_reply_list_never_exists_without_its_ttl(small_valkey, nvme_dir) -> None
         client.command = lossy
         try:
             rep = protocol.reply_key("lmcv", "t1", "w1")
-            await m._handle(protocol.pack({"op": "stats", "id": 1, "reply": rep, "ttl_ms": 5000}))
+            await RequestServer(m).handle(protocol.pack({"op": "stats", "id": 1, "reply": rep, "ttl_ms": 5000}))
             assert await real(b"LLEN", rep, key=rep, timeout=5.0) == 1
             assert await real(b"PTTL", rep, key=rep, timeout=5.0) > 0
         finally:
@@ -536,24 +534,24 @@ def test_close_stops_copies_past_the_drain_deadline(small_valkey, nvme_dir) -> N
 
         m, client = await _manager(small_valkey, tiering(nvme_dir=nvme_dir))
         entered, release = threading.Event(), threading.Event()
-        real = m.nvme._write_file
+        real = m.tier("nvme")._write_file
 
         def stuck(*a):
             entered.set()
             release.wait(30)
             return real(*a)
 
-        m.nvme._write_file = stuck
+        m.tier("nvme")._write_file = stuck
         key, value = chunk(1, 10_000)
         await client.set(key, [value], ttl_s=None, timeout=5.0)
         m.note_put(key, len(value))
-        task = m._copying[key]
+        assert m.demoter.copying(key)
         await asyncio.to_thread(entered.wait, 10)
         timer = threading.Timer(1.0, release.set)  # lets the disk thread finish eventually
         timer.start()
         try:
             await m.close(drain_timeout=0.1)
-            assert task.done()  # cancelled, not left running after close
+            assert not m.demoter.in_flight  # cancelled, not left running after close
         finally:
             release.set()
             timer.cancel()
@@ -571,16 +569,16 @@ def test_deferred_delete_of_a_bad_object_keeps_a_newer_one(small_valkey, moto_s3
             await _put_tiered(m, client, key, value)
             bad = bytearray(value)
             bad[codec.HEADER_SIZE + 7] ^= 0x55
-            okey = m.s3.object_key(key)
-            await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=bytes(bad))
-            with m.s3.pins.pin(key):  # another read holds the object: the removal waits for it
-                assert await m.s3.read_value(key, len(value)) is None
-                assert m.s3.stats["corrupt"] == 1
+            okey = m.tier("s3").object_key(key)
+            await m.tier("s3")._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=bytes(bad))
+            with m.tier("s3").pins.pin(key):  # another read holds the object: the removal waits for it
+                assert await m.tier("s3").read(key, len(value)) is None
+                assert m.tier("s3").stats["corrupt"] == 1
                 # meanwhile a writer stores a good copy again
-                await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=value)
-            await _until(lambda: m.s3.stats["deleted"] + m.s3.stats.get("delete_skipped_newer", 0) >= 1)
-            assert await m.s3.head(key) == len(value)  # the newer object survived
-            assert m.s3.stats["delete_skipped_newer"] == 1
+                await m.tier("s3")._client.put_object(Bucket=moto_s3.bucket, Key=okey, Body=value)
+            await _until(lambda: m.tier("s3").stats["deleted"] + m.tier("s3").stats.get("delete_skipped_newer", 0) >= 1)
+            assert await m.tier("s3").head(key) == len(value)  # the newer object survived
+            assert m.tier("s3").stats["delete_skipped_newer"] == 1
         finally:
             await m.close()
             await client.close()
@@ -610,10 +608,10 @@ def test_background_deleter_never_holds_up_the_demotion_loop(small_valkey, moto_
             await m.delete([key], timeout=0.2)  # its object DELETE hangs in the store
             seen = passes
             await _until(lambda: passes >= seen + 5)  # the loop keeps turning meanwhile
-            assert key in m._s3_doomed
+            assert key in m.ledger.doomed("s3")
             proxy.stall = False
-            await _until(lambda: not m._s3_doomed, 60)
-            assert await m.s3.head(key) is None
+            await _until(lambda: not m.ledger.doomed("s3"), 60)
+            assert await m.tier("s3").head(key) is None
         finally:
             proxy.stall = False
             await m.close()

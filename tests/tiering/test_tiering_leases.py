@@ -12,7 +12,7 @@ import time
 import pytest
 from tierhelp import chunk, ram_get, resp_client, tiering
 
-from lmcache_valkey.tiering import TierClient, TierManager
+from lmcache_valkey.tiering import EmbeddedTierClient, RemoteTierClient, TierManager
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,7 +38,7 @@ def test_a_leased_ram_copy_is_not_demoted_until_released(small_valkey, nvme_dir)
             items = [chunk(i, 50_000) for i in range(3)]
             await _put(m, client, items)
             keys = [k for k, _ in items]
-            tiers = TierClient.embedded(m)
+            tiers = EmbeddedTierClient(m)
             await tiers.lease([keys[0]], 60.0)
             await asyncio.sleep(1.2)  # OBJECT IDLETIME has 1 s resolution
             assert await m.demote_once() == 2
@@ -62,12 +62,12 @@ def test_a_leased_nvme_copy_is_not_evicted_for_space_and_a_delete_waits_for_the_
             await _put(m, client, [first])
             m.lease([first[0]], 60.0)
             await _put(m, client, [chunk(i, size) for i in range(1, 6)])  # more than the budget holds
-            assert m.index.tiers_of(first[0]) == ["nvme"], "the leased copy was evicted for space"
+            assert m.ledger.tiers_of(first[0]) == ["nvme"], "the leased copy was evicted for space"
             await m.evict("ram", keys=[first[0]])
             assert await m.promote(first[0], timeout=10.0)
             assert await ram_get(client, first[0], len(first[1])) == first[1]
             # a delete while leased: RAM and marker go at once, the NVMe file at the release
-            path = m.nvme.path_of(first[0])
+            path = m.tier("nvme").path_of(first[0])
             await m.delete([first[0]])
             assert not await m.promote(first[0], timeout=5.0)
             gone = [p for p in os.listdir(os.path.dirname(path)) if ".gone." in p]
@@ -90,13 +90,13 @@ def test_a_lease_its_holder_never_releases_ends_at_its_deadline(small_valkey, nv
             await _put(m, client, [(k, v)])
             m.lease([k], 0.2)
             m.lease([k], 0.2)  # counted: two holders
-            assert m.leased(k) and m.nvme.pins.pinned(k)
+            assert m.leased(k) and m.tier("nvme").pins.pinned(k)
             m.release([k])
             assert m.leased(k)
             time.sleep(0.3)
             assert not m.leased(k)
             assert m.expire_leases() == 1
-            assert not m.nvme.pins.pinned(k) and m.stats()["leases"] == 0
+            assert not m.tier("nvme").pins.pinned(k) and m.stats()["leases"] == 0
             m.release([k])  # a late release of an expired lease is harmless
         finally:
             await m.close()
@@ -108,7 +108,7 @@ def test_a_lease_its_holder_never_releases_ends_at_its_deadline(small_valkey, nv
 def test_leases_reach_tierd_through_the_hint_list(small_valkey, nvme_dir, moto_s3) -> None:
     from test_tiering_service import _args, _start_tierd
 
-    from lmcache_valkey.tiering.service import tier_stats
+    from lmcache_valkey.tiering.tierd import tier_stats
 
     async def main() -> None:
         from lmcache_valkey.tiering.object_store import ObjectTier
@@ -120,7 +120,7 @@ def test_leases_reach_tierd_through_the_hint_list(small_valkey, nvme_dir, moto_s
         await o.close()
         task, stop = await _start_tierd(_args(small_valkey, nvme_dir, moto_s3))
         client = await resp_client(small_valkey)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         keys = [chunk(i, 1000)[0] for i in range(3)]
         try:
             await tc.lease(keys, 30.0)

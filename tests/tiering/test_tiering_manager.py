@@ -8,8 +8,8 @@ import pytest
 from tierhelp import MAXMEMORY, chunk, ram_get, resp_client, tiering
 
 from lmcache_valkey import codec
-from lmcache_valkey.tiering import TierClient, TierManager
-from lmcache_valkey.tiering.index import marker_of
+from lmcache_valkey.tiering import EmbeddedTierClient, TierManager
+from lmcache_valkey.tiering.markers import marker_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +29,7 @@ async def _manager(valkey, ts, client=None, *, create_bucket=True):
     return m, client
 
 
-async def _get_or_promote(client, tiers: TierClient, key: bytes, size: int) -> tuple[bytes | None, bool]:
+async def _get_or_promote(client, tiers: EmbeddedTierClient, key: bytes, size: int) -> tuple[bytes | None, bool]:
     got = await ram_get(client, key, size)
     if got is not None:
         return got, False
@@ -47,7 +47,7 @@ def test_working_set_three_times_ram_served_byte_exact(small_valkey, nvme_dir, m
         ts = tiering(nvme_dir=nvme_dir, nvme_budget_bytes=12 << 20, s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url,
                      demote_high_watermark=0.6, demote_low_watermark=0.4)
         m, client = await _manager(small_valkey, ts)
-        tiers = TierClient.embedded(m)
+        tiers = EmbeddedTierClient(m)
         try:
             items = [chunk(i, size) for i in range(n)]
             for i, (key, value) in enumerate(items):
@@ -97,10 +97,10 @@ def test_restart_rebuilds_index_from_nvme_headers_and_s3_metadata(small_valkey, 
 
         m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
         try:
-            assert m2.index.stats()["nvme"]["chunks"] == 10 and m2.index.stats()["s3"]["chunks"] == 10
+            assert m2.ledger.stats()["nvme"]["chunks"] == 10 and m2.ledger.stats()["s3"]["chunks"] == 10
             markers = await client.exists_many([marker_of(k) for k, _ in items], timeout=5.0)
             assert all(markers), "markers re-asserted from the rebuilt index"
-            t2 = TierClient.embedded(m2)
+            t2 = EmbeddedTierClient(m2)
             for key, value in items:
                 got, promoted = await _get_or_promote(client, t2, key, len(value))
                 assert promoted and got == value
@@ -113,8 +113,8 @@ def test_restart_rebuilds_index_from_nvme_headers_and_s3_metadata(small_valkey, 
         ts3 = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=moto_s3.url)
         m3, _ = await _manager(small_valkey, ts3, client, create_bucket=False)
         try:
-            assert len(m3.index) == 10
-            t3 = TierClient.embedded(m3)
+            assert len(m3.ledger) == 10
+            t3 = EmbeddedTierClient(m3)
             for key, value in items:
                 got, promoted = await _get_or_promote(client, t3, key, len(value))
                 assert promoted and got == value
@@ -147,34 +147,34 @@ def test_s3_down_backlog_bound_breaker_then_drain(small_valkey, nvme_dir, moto_s
                 await client.set(key, [value], ttl_s=None, timeout=5.0)
                 m.note_put(key, len(value))
             assert await m.flush(30.0)
-            durable_before = set(m.index.keys(tier="s3"))
+            durable_before = set(m.ledger.keys(tier="s3"))
             assert durable_before == {k for k, _ in items[:4]}
 
             moto_s3.stop()
             for key, value in items[4:]:
                 await client.set(key, [value], ttl_s=None, timeout=5.0)
                 m.note_put(key, len(value))
-            await _until(lambda: m.s3.breaker.state in ("open", "half_open") and not m._copying)
+            await _until(lambda: m.tier("s3").breaker.state in ("open", "half_open") and not m.demoter.in_flight)
             st = m.stats()["s3"]
             assert st["backlog"] == 6, st  # grew to its bound ...
             assert st["dropped"] == 12 - 6  # ... and the overflow was counted, not silent
-            assert m.s3.breaker.opened_count >= 1
+            assert m.tier("s3").breaker.opened_count >= 1
             # RAM hits are unaffected while the object store is down
             for key, value in items:
                 assert await ram_get(client, key, len(value)) == value
             # a read from the object tier fails fast (breaker) instead of waiting
-            assert set(m.index.keys(tier="s3")) == durable_before
+            assert set(m.ledger.keys(tier="s3")) == durable_before
 
             moto_s3.start()
             assert await m.flush(30.0)
             st = m.stats()["s3"]
-            assert st["backlog"] == 0 and m.s3.breaker.state == "closed"
-            durable = set(m.index.keys(tier="s3"))
+            assert st["backlog"] == 0 and m.tier("s3").breaker.state == "closed"
+            durable = set(m.ledger.keys(tier="s3"))
             assert len(durable) == 4 + 6 and durable >= durable_before
             # everything acknowledged durable is really there: read it back from S3 only
             await m.evict("ram", keys=list(durable))
             await m.evict("nvme", keys=list(durable))
-            t = TierClient.embedded(m)
+            t = EmbeddedTierClient(m)
             values = dict(items)
             for key in durable:
                 got, promoted = await _get_or_promote(client, t, key, len(values[key]))
@@ -197,15 +197,15 @@ def test_corrupt_object_is_counted_miss_and_deleted(small_valkey, moto_s3) -> No
             assert await m.flush(30.0)
             bad = bytearray(value)
             bad[codec.HEADER_SIZE + 1234] ^= 0x55
-            await m.s3._client.put_object(Bucket=moto_s3.bucket, Key=m.s3.object_key(key), Body=bytes(bad))
+            await m.tier("s3")._client.put_object(Bucket=moto_s3.bucket, Key=m.tier("s3").object_key(key), Body=bytes(bad))
             await m.evict("ram", keys=[key])
-            assert not await TierClient.embedded(m).promote(key, timeout=10.0)
-            assert m.s3.stats["corrupt"] == 1
-            await _until(lambda: m.s3.stats["deleted"] == 1)  # removed when the read's pin goes (async)
-            assert await m.s3.head(key) is None  # the bad copy is gone
-            await _until(lambda: not m._tasks)
+            assert not await EmbeddedTierClient(m).promote(key, timeout=10.0)
+            assert m.tier("s3").stats["corrupt"] == 1
+            await _until(lambda: m.tier("s3").stats["deleted"] == 1)  # removed when the read's pin goes (async)
+            assert await m.tier("s3").head(key) is None  # the bad copy is gone
+            assert await m.settle(20)
             assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
-            assert key not in m.index
+            assert key not in m.ledger
         finally:
             await m.close()
             await client.close()
@@ -224,10 +224,10 @@ def test_concurrent_promotions_read_lower_tier_once(small_valkey, nvme_dir, moto
             m.note_put(key, len(value))
             assert await m.flush(30.0)
             await m.evict("ram", keys=[key])
-            t = TierClient.embedded(m)
+            t = EmbeddedTierClient(m)
             results = await asyncio.gather(*(t.promote(key, timeout=10.0) for _ in range(20)))
             assert all(results)
-            tier_obj = m.nvme if tier == "nvme" else m.s3
+            tier_obj = m.tier("nvme") if tier == "nvme" else m.tier("s3")
             assert tier_obj.stats["reads"] == 1
             assert m.stats()["manager"]["promote_coalesced"] == 19
             assert await ram_get(client, key, len(value)) == value
@@ -250,26 +250,26 @@ def test_delete_is_coordinated_and_waits_for_pinned_reads(small_valkey, nvme_dir
                 await client.set(k, [v], ttl_s=None, timeout=5.0)
                 m.note_put(k, len(v))
             assert await m.flush(30.0)
-            path = m.nvme.path_of(k1)
+            path = m.tier("nvme").path_of(k1)
             parent = os.path.dirname(path)
-            with m.nvme.pins.pin(k1):  # an in-flight read holds the NVMe copy
+            with m.tier("nvme").pins.pin(k1):  # an in-flight read holds the NVMe copy
                 await m.delete([k1])
                 # renamed out of the way at once (a newer copy may take the name), unlinked later
                 assert not os.path.exists(path)
                 assert [n for n in os.listdir(parent) if ".gone." in n]
                 assert await client.exists_many([k1, marker_of(k1)], timeout=5.0) == [False, False]
-                assert k1 not in m.index
+                assert k1 not in m.ledger
             assert not [n for n in os.listdir(parent) if ".gone." in n]  # removed when the read finished
-            assert await m.s3.head(k1) is None
-            assert not await TierClient.embedded(m).promote(k1, timeout=5.0)
+            assert await m.tier("s3").head(k1) is None
+            assert not await EmbeddedTierClient(m).promote(k1, timeout=5.0)
             # a chunk deleted while its upload is queued never becomes durable
             k3, v3 = chunk(3, 100_000)
             await client.set(k3, [v3], ttl_s=None, timeout=5.0)
             m.note_put(k3, len(v3))
             await m.delete([k3])
             assert await m.flush(30.0)
-            assert await m.s3.head(k3) is None and k3 not in m.index
-            assert await m.s3.head(k2) is not None  # others untouched
+            assert await m.tier("s3").head(k3) is None and k3 not in m.ledger
+            assert await m.tier("s3").head(k2) is not None  # others untouched
         finally:
             await m.close()
             await client.close()
@@ -287,15 +287,15 @@ def test_second_touch_admission_and_cost_check(small_valkey, nvme_dir) -> None:
                 await client.set(k, [v], ttl_s=None, timeout=5.0)
                 m.note_put(k, len(v))
             assert await m.flush(10.0)
-            assert len(m.index) == 0  # one-time chunks stay out of the lower tiers
+            assert len(m.ledger) == 0  # one-time chunks stay out of the lower tiers
             m.note_hit(k2)  # second touch
             assert await m.flush(10.0)
-            assert m.index.tiers_of(k2) == ["nvme"] and k1 not in m.index
+            assert m.ledger.tiers_of(k2) == ["nvme"] and k1 not in m.ledger
             assert m.stats()["manager"]["rejected"] == 2 and m.stats()["manager"]["admitted"] == 1
             # a tier slower than the recompute budget is skipped: a miss, not a slow hit
             await m.evict("ram", keys=[k2])
-            assert not await TierClient.embedded(m).promote(k2, timeout=5.0)
-            assert m.stats()["manager"]["skipped_cost"] == 1 and m.nvme.stats["reads"] == 0
+            assert not await EmbeddedTierClient(m).promote(k2, timeout=5.0)
+            assert m.stats()["manager"]["skipped_cost"] == 1 and m.tier("nvme").stats["reads"] == 0
         finally:
             await m.close()
             await client.close()
@@ -313,11 +313,11 @@ def test_multipart_upload_and_parallel_ranged_get(valkey_server, moto_s3) -> Non
             await client.set(key, [value], ttl_s=None, timeout=5.0)
             m.note_put(key, len(value))
             assert await m.flush(30.0)
-            assert m.s3.stats["multipart"] == 1
+            assert m.tier("s3").stats["multipart"] == 1
             await m.evict("ram", keys=[key])
-            got = await m.s3.read_value(key, len(value))
+            got = await m.tier("s3").read(key, len(value))
             assert got is not None and bytes(got.header) + bytes(got.payload) == value
-            assert await TierClient.embedded(m).promote(key, timeout=20.0)
+            assert await EmbeddedTierClient(m).promote(key, timeout=20.0)
             assert await ram_get(client, key, len(value)) == value
         finally:
             await m.close()
@@ -334,10 +334,10 @@ def test_expiry_follows_the_ram_ttl(small_valkey, nvme_dir) -> None:
             await client.set(key, [value], ttl_s=0.5, timeout=5.0)
             m.note_put(key, len(value))
             assert await m.flush(10.0)
-            assert m.index.get(key) is not None and m.index.get(key).expires_ms > 0
-            await _until(lambda: m.index.get(key) is None)  # expired in the index
-            assert await m.expire_once() == 1
-            assert not m.nvme.entries() and not await TierClient.embedded(m).promote(key, timeout=2.0)
+            assert m.ledger.get(key) is not None and m.ledger.get(key).expires_ms > 0
+            await _until(lambda: m.ledger.get(key) is None)  # expired in the index
+            assert await m.deleter.expire() == 1
+            assert not m.tier("nvme").entries() and not await EmbeddedTierClient(m).promote(key, timeout=2.0)
             assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
         finally:
             await m.close()
@@ -393,10 +393,10 @@ def test_copy_from_another_namespace_is_never_served(small_valkey, nvme_dir) -> 
             other = Namespace(prefix="lmcv", tenant="t1", digest="f" * 32)
             _, foreign_value = chunk(8, 10_000, ns=other)  # header names another namespace
             key, _ = chunk(8, 10_000)
-            assert await m.nvme.write(key, [foreign_value])
-            m.index.add(key, "nvme", len(foreign_value))
+            assert await m.tier("nvme").write(key, [foreign_value])
+            m.ledger.found(key, "nvme", len(foreign_value))
             assert not await m.promote(key, timeout=5.0)
-            assert m.stats()["manager"]["foreign"] == 1 and key not in m.nvme and key not in m.index
+            assert m.stats()["manager"]["foreign"] == 1 and key not in m.tier("nvme") and key not in m.ledger
             assert await client.exists_many([key], timeout=5.0) == [False]
         finally:
             await m.close()
@@ -418,21 +418,21 @@ def test_delete_during_promotion_never_resurrects_the_chunk(small_valkey, nvme_d
             assert await m.flush(10.0)
             await m.evict("ram", keys=[key])
             entered, release = threading.Event(), threading.Event()
-            real = m.nvme._read_file
+            real = m.tier("nvme")._read_file
 
             def slow_read(*a):
                 entered.set()
                 release.wait(10)
                 return real(*a)
 
-            m.nvme._read_file = slow_read
+            m.tier("nvme")._read_file = slow_read
             promo = asyncio.create_task(m.promote(key, timeout=10.0))
             await asyncio.to_thread(entered.wait, 10)
             await m.delete([key])  # while the NVMe read is in flight (the copy is pinned)
             release.set()
             assert not await promo
             assert await client.exists_many([key, marker_of(key)], timeout=5.0) == [False, False]
-            assert not os.path.exists(m.nvme.path_of(key))
+            assert not os.path.exists(m.tier("nvme").path_of(key))
         finally:
             await m.close()
             await client.close()
@@ -453,10 +453,10 @@ def test_expired_object_is_not_served_after_restart(small_valkey, moto_s3) -> No
         await asyncio.sleep(0.5)
         m2, _ = await _manager(small_valkey, ts, client, create_bucket=False)
         try:
-            assert key in m2.index  # rebuilt from the listing ...
+            assert key in m2.ledger  # rebuilt from the listing ...
             assert not await m2.promote(key, timeout=5.0)  # ... but never served
-            await _until(lambda: m2.s3.stats["deleted"] == 1)  # removed when the read's pin goes (async)
-            assert await m2.s3.head(key) is None and key not in m2.index
+            await _until(lambda: m2.tier("s3").stats["deleted"] == 1)  # removed when the read's pin goes (async)
+            assert await m2.tier("s3").head(key) is None and key not in m2.ledger
         finally:
             await m2.close()
             await client.close()

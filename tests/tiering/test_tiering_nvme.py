@@ -12,21 +12,34 @@ from tierhelp import chunk
 
 from lmcache_valkey import codec
 from lmcache_valkey.tiering.nvme import PRELUDE, NvmeTier
+from lmcache_valkey.tiering.tiers import NoEvents
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class Lost(NoEvents):
+    """Records the copies the tier reports lost (evicted for space, corrupt)."""
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+
+    def lost(self, tier: str, key: bytes) -> None:
+        assert tier == "nvme"
+        self.keys.append(key)
 
 
 def test_direct_io_round_trip_and_rebuild(nvme_dir: str) -> None:
     async def main() -> None:
         t = NvmeTier(nvme_dir, 64 << 20)
-        assert await t.start() == []
+        await t.start()
+        assert t.entries() == []
         assert t.direct, "ext4 under /tmp must accept O_DIRECT"
         items = [chunk(i, size) for i, size in enumerate([1, 4095, 4096, 100_000, 1 << 20, 3 * 4096])]
         for key, value in items:
             # split the value at an odd place: the tier gathers parts
             assert await t.write(key, [value[:100], value[100:]])
         for key, value in items:
-            hdr, payload = await t.read_value(key)
+            hdr, payload = await t.read(key)
             assert bytes(hdr) + bytes(payload) == value
             dest = bytearray(len(value) - codec.HEADER_SIZE)  # unaligned: through a pooled buffer
             h = await t.read_into(key, memoryview(dest))
@@ -40,11 +53,12 @@ def test_direct_io_round_trip_and_rebuild(nvme_dir: str) -> None:
         await t.close()
         # restart: the index comes back from the file headers alone
         t2 = NvmeTier(nvme_dir, 64 << 20)
-        entries = await t2.start()
+        await t2.start()
+        entries = t2.entries()
         assert sorted(e.key for e in entries) == sorted(k for k, _ in items)
         assert {e.key: e.value_len for e in entries} == {k: len(v) for k, v in items}
         key, value = items[3]
-        hdr, payload = await t2.read_value(key)
+        hdr, payload = await t2.read(key)
         assert bytes(hdr) + bytes(payload) == value
         await t2.close()
 
@@ -65,7 +79,8 @@ def test_crash_leftovers_removed_and_truncated_file_is_corrupt(nvme_dir: str) ->
         with open(t.path_of(k2), "r+b") as f:
             f.truncate(PRELUDE + 4096)
         t2 = NvmeTier(nvme_dir, 64 << 20)
-        entries = await t2.start()
+        await t2.start()
+        entries = t2.entries()
         assert [e.key for e in entries] == [k1]
         assert t2.stats["corrupt"] == 1
         assert not os.path.exists(tmp) and not os.path.exists(t.path_of(k2))
@@ -76,8 +91,8 @@ def test_crash_leftovers_removed_and_truncated_file_is_corrupt(nvme_dir: str) ->
 
 def test_corrupt_payload_is_counted_miss_and_removed(nvme_dir: str) -> None:
     async def main() -> None:
-        gone = []
-        t = NvmeTier(nvme_dir, 64 << 20, on_evict=gone.append)
+        gone = Lost()
+        t = NvmeTier(nvme_dir, 64 << 20, events=gone)
         await t.start()
         key, value = chunk(7, 100_000)
         assert await t.write(key, [value])
@@ -86,9 +101,9 @@ def test_corrupt_payload_is_counted_miss_and_removed(nvme_dir: str) -> None:
             b = f.read(1)
             f.seek(PRELUDE + 5000)
             f.write(bytes([b[0] ^ 0xFF]))
-        assert await t.read_value(key) is None
+        assert await t.read(key) is None
         assert t.stats["corrupt"] == 1 and t.stats["misses"] == 1
-        assert not os.path.exists(t.path_of(key)) and key not in t and gone == [key]
+        assert not os.path.exists(t.path_of(key)) and key not in t and gone.keys == [key]
         await t.close()
 
     asyncio.run(main())
@@ -96,19 +111,19 @@ def test_corrupt_payload_is_counted_miss_and_removed(nvme_dir: str) -> None:
 
 def test_budget_evicts_lru_and_refuses_oversized(nvme_dir: str) -> None:
     async def main() -> None:
-        gone: list[bytes] = []
+        gone = Lost()
         size = 60_000
         disk = PRELUDE + ((size + 4095) // 4096) * 4096
-        t = NvmeTier(nvme_dir, 3 * disk, on_evict=gone.append)
+        t = NvmeTier(nvme_dir, 3 * disk, events=gone)
         await t.start()
         items = [chunk(i, size) for i in range(5)]
         for k, v in items[:3]:
             assert await t.write(k, [v])
-        await t.read_value(items[0][0])  # 0 becomes most recently used
+        await t.read(items[0][0])  # 0 becomes most recently used
         for k, v in items[3:]:
             assert await t.write(k, [v])
         assert t.used_bytes <= 3 * disk
-        assert gone == [items[1][0], items[2][0]]
+        assert gone.keys == [items[1][0], items[2][0]]
         assert t.stats["evicted"] == 2
         big_k, big_v = chunk(99, 4 * disk)
         assert not await t.write(big_k, [big_v])
@@ -143,7 +158,7 @@ def test_disk_full_refused_and_counted(tmp_path) -> None:
             assert leftovers == []
             for i, good in enumerate(ok):
                 k, v = chunk(i, 300_000)
-                got = await t.read_value(k)
+                got = await t.read(k)
                 assert (got is not None) == good
                 if good:
                     assert bytes(got.header) + bytes(got.payload) == v
@@ -184,7 +199,7 @@ def test_removal_deferred_by_a_read_never_destroys_a_newer_copy(nvme_dir: str) -
                 assert await t.remove(key)
                 assert await t.write(key, [value])  # a newer copy under the same name
             assert os.path.exists(t.path_of(key))  # the deferred removal took only the old file
-            got = await t.read_value(key)
+            got = await t.read(key)
             assert got is not None and bytes(got.header) + bytes(got.payload) == value
             got.release()
         finally:

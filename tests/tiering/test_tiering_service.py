@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 from tierhelp import NS, _free_port, chunk, ram_get, resp_client
 
-from lmcache_valkey.tiering import TierClient
-from lmcache_valkey.tiering.index import marker_of
-from lmcache_valkey.tiering.service import add_tierd_arguments, drain, evict, run_tierd, tier_stats
+from lmcache_valkey.tiering import RemoteTierClient
+from lmcache_valkey.tiering.markers import marker_of
+from lmcache_valkey.tiering.tierd import add_tierd_arguments, drain, evict, run_tierd, tier_stats
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +50,7 @@ def test_tierd_promotion_controls_and_restart(small_valkey, nvme_dir, moto_s3) -
         port = _free_port()
         task, stop = await _start_tierd(_args(small_valkey, nvme_dir, moto_s3, port))
         client = await resp_client(small_valkey)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         items = [chunk(i, 300_000) for i in range(6)]
         try:
             for key, value in items:
@@ -105,7 +105,7 @@ def test_tierd_promotion_controls_and_restart(small_valkey, nvme_dir, moto_s3) -
 def test_promote_respects_deadline_when_tierd_is_absent(small_valkey) -> None:
     async def main() -> None:
         client = await resp_client(small_valkey)
-        tc = TierClient.remote(client, client.settings)
+        tc = RemoteTierClient(client, client.settings)
         try:
             key, _ = chunk(1, 1000)
             assert not await tc.promote(key, timeout=0.3)  # nobody serves the list: a miss at the deadline

@@ -1,4 +1,4 @@
-"""ChunkStore with a TierClient: lookups count lower tiers, a get promotes."""
+"""ChunkStore with a tier client: lookups count lower tiers, a get promotes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tierhelp import NS, resp_client, tiering
 from lmcache_valkey import codec
 from lmcache_valkey.codec import ChunkMeta
 from lmcache_valkey.store import ChunkRef, ChunkStore
-from lmcache_valkey.tiering import TierClient, TierManager
+from lmcache_valkey.tiering import EmbeddedTierClient, TierManager
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ async def tiered_store(small_valkey, nvme_dir) -> AsyncIterator[tuple[ChunkStore
     client = await resp_client(small_valkey)
     m = TierManager(client.settings, tiering(nvme_dir=nvme_dir), client)
     await m.start(background=False)
-    store = ChunkStore(client.settings, NS, client, tiers=TierClient.embedded(m))
+    store = ChunkStore(client.settings, NS, client, tiers=EmbeddedTierClient(m))
     try:
         yield store, m
     finally:
@@ -34,10 +34,10 @@ async def tiered_store(small_valkey, nvme_dir) -> AsyncIterator[tuple[ChunkStore
 async def settled(m: TierManager, n: int) -> None:
     """Until the manager indexed ``n`` chunks and copies nothing; then flush the write-behind."""
     for _ in range(100):
-        if len(m.index) == n and not m._copying:
+        if len(m.ledger) == n and not m.demoter.in_flight:
             break
         await asyncio.sleep(0.02)
-    assert await m.flush(10.0) and len(m.index) == n
+    assert await m.flush(10.0) and len(m.ledger) == n
 
 
 def test_store_lookup_and_get_see_the_lower_tiers(small_valkey, nvme_dir) -> None:
@@ -81,11 +81,11 @@ def test_a_chunk_whose_metadata_lies_is_removed_from_every_tier(small_valkey, nv
             got = await store.get_many_into([(bad, memoryview(bytearray(100_000)))])
             assert got == [None]
             for _ in range(250):
-                if await store.contains_each([bad.chunk_id]) == [False] and NS.data_key(bad.chunk_id) not in m.index:
+                if await store.contains_each([bad.chunk_id]) == [False] and NS.data_key(bad.chunk_id) not in m.ledger:
                     break
                 await asyncio.sleep(0.02)
             assert await store.contains_each([good.chunk_id, bad.chunk_id]) == [True, False]
-            assert NS.data_key(bad.chunk_id) not in m.index
+            assert NS.data_key(bad.chunk_id) not in m.ledger
             assert (await store.get_many_into([(good, memoryview(bytearray(100_000)))]))[0] is not None
 
     asyncio.run(main())

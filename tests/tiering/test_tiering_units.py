@@ -6,8 +6,18 @@ import pytest
 
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.tiering import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
-from lmcache_valkey.tiering.index import Pins, TierIndex, data_of, marker_of, marker_value, split_data_key
-from lmcache_valkey.tiering.policy import Admission, CircuitBreaker, CostModel, Demotion, MemoryState, parse_info_memory
+from lmcache_valkey.tiering.ledger import ABSENT, DURABLE, WRITING, Ledger, LedgerError
+from lmcache_valkey.tiering.markers import data_of, marker_of, marker_value, split_data_key
+from lmcache_valkey.tiering.policy import (
+    Admission,
+    Candidate,
+    CircuitBreaker,
+    CostModel,
+    Demotion,
+    MemoryState,
+    parse_info_memory,
+)
+from lmcache_valkey.tiering.tiers import Pins
 
 
 def test_settings_parse_and_defaults() -> None:
@@ -153,22 +163,77 @@ def test_breaker_probe_released_and_error_classes() -> None:
     assert "409" not in _PRECONDITION and "ConditionalRequestConflict" not in _PRECONDITION  # a race: retried
 
 
-def test_keys_markers_index_and_pins() -> None:
-    k = b"lmcv:t1:abcd:c:{0011}"
-    assert marker_of(k) == b"lmcv:t1:abcd:t:{0011}" and data_of(marker_of(k)) == k
-    assert split_data_key(k) == ("lmcv", "t1", "abcd", "0011")
-    idx = TierIndex()
-    idx.add(k, "s3", 10)
-    idx.add(k, "nvme", 10)
-    assert idx.tiers_of(k) == ["nvme", "s3"] and marker_value(idx.tiers_of(k)) == b"ns"
-    assert idx.discard(k, "nvme") == {"s3"} and idx.discard(k, "s3") == set() and k not in idx
-    idx.add(k, "nvme", 10, expires_ms=1)
-    assert idx.get(k) is None and idx.expired_keys() == [k]
+K = b"lmcv:t1:abcd:c:{0011}"
+
+
+def test_keys_markers_and_pins() -> None:
+    assert marker_of(K) == b"lmcv:t1:abcd:t:{0011}" and data_of(marker_of(K)) == K
+    assert split_data_key(K) == ("lmcv", "t1", "abcd", "0011")
+    assert marker_value(["nvme", "s3"]) == b"ns" and marker_value(["s3"]) == b"s"
     p, ran = Pins(), []
-    with p.pin(k):
-        assert p.defer(k, lambda: ran.append(1))
+    with p.pin(K):
+        assert p.defer(K, lambda: ran.append(1))
         assert ran == []
-    assert ran == [1] and not p.defer(k, lambda: None)
+    assert ran == [1] and not p.defer(K, lambda: None)
+
+
+def test_a_copy_moves_through_the_ledger_table_and_illegal_events_raise() -> None:
+    changes: list[bytes] = []
+    led = Ledger(("nvme", "s3"), on_change=changes.append)
+    ticket = led.write(K, "s3")
+    assert led.state(K, "s3") == WRITING and K not in led and led.tiers_of(K) == []  # not durable yet
+    led.found(K, "nvme", 10)
+    assert led.tiers_of(K) == ["nvme"] and changes == [K]
+    assert led.landed(K, "s3", ticket, 10, 0)
+    assert led.tiers_of(K) == ["nvme", "s3"] and led.stats()["s3"] == {"chunks": 1, "bytes": 10}
+    led.lost(K, "nvme")  # evicted for space
+    assert led.tiers_of(K) == ["s3"]
+    assert led.doom(K, "s3") == DURABLE
+    assert K not in led and led.doomed("s3") == [K] and led.tiers_of(K) == []
+    with pytest.raises(LedgerError):
+        led.found(K, "s3", 10)  # an inventory never brings back a copy whose removal is pending
+    with pytest.raises(LedgerError):
+        led.write(K, "s3")  # nor does a copy-down race the removal
+    led.removed(K, "s3")
+    assert led.state(K, "s3") == ABSENT and len(led) == 0 and led.doomed() == []
+    with pytest.raises(LedgerError):
+        led.landed(K, "ram", 1, 10, 0)  # not a lower tier
+    assert changes == [K, K, K, K]  # each change of the durable tiers, for the marker
+
+
+def test_a_write_that_lands_after_a_delete_is_stale_and_undone() -> None:
+    led = Ledger(("s3",))
+    gen = led.gen(K)
+    ticket = led.write(K, "s3")
+    led.bump([K])  # a delete ...
+    led.doom(K, "s3")  # ... dooms the copy in flight
+    assert not led.current(K, gen) and not led.wanted(K, "s3", ticket)
+    assert led.landed(K, "s3", ticket, 10, 0) is False  # the caller removes what it wrote
+    led.removed(K, "s3")
+    assert led.landed(K, "s3", ticket, 10, 0) is False  # landing after the removal: removed again
+    newer = led.write(K, "s3")
+    assert led.landed(K, "s3", ticket, 10, 0) is True  # a newer write of the same content: kept
+    assert led.landed(K, "s3", newer, 10, 0) and led.tiers_of(K) == ["s3"]
+
+
+def test_expired_copies_are_not_served_by_the_ledger() -> None:
+    led = Ledger(("nvme",))
+    led.found(K, "nvme", 10, expires_ms=1)
+    assert led.get(K) is None and led.tiers_of(K) == [] and led.expired_keys() == [K]
+    led.found(b"lmcv:t1:abcd:c:{0022}", "nvme", 10, expires_ms=None)
+    assert led.expiry_unknown(10) == [b"lmcv:t1:abcd:c:{0022}"]
+
+
+def test_the_demotion_policy_picks_most_idle_first_and_respects_holds() -> None:
+    d = Demotion(0.85, 0.70)
+    cands = [Candidate(b"a", 100, lower=True), Candidate(b"b", 50, admitted=False),
+             Candidate(b"c", 200, lower=True, promoting=True), Candidate(b"d", 300, lower=True, leased=True),
+             Candidate(b"e", 5, admitted=True), Candidate(b"f", 150, lower=True)]
+    assert [c.key for c in d.plan(cands)] == [b"f", b"a", b"e"]  # b: a one-time prompt, left to Valkey
+    assert not d.enough(0, 100, 5) and d.enough(100, 100, 5)
+    idle = Demotion(0.85, 0.70, idle_s=30)
+    assert not idle.enough(100, 100, 40)  # idle long enough: goes whatever the memory
+    assert not idle.enough(0, 0, 40) and idle.enough(0, 0, 10)  # an idle-only pass
 
 
 def test_tiering_never_imports_store_or_integrations() -> None:

@@ -1,0 +1,159 @@
+"""Tier markers: the ledger's "some lower tier holds this chunk", mirrored into Valkey.
+
+A worker's one-round-trip lookup asks ``EXISTS data marker`` per chunk (same Cluster slot:
+``<ns>:c:{<id>}`` and ``<ns>:t:{<id>}``), so a chunk demoted out of RAM stays visible.
+The marker's value names the tiers (``n`` NVMe, ``s`` object store), its ``PXAT`` the
+chunk's expiry. :class:`Markers` writes them when the ledger's durable tiers change
+(coalesced, in the background, or at once where a caller needs it), re-asserts them all
+after a restart, re-creates the ones Valkey lost (eviction under ``allkeys-*``, a restart)
+periodically and for chunks a lookup just missed, and removes markers no tier backs.
+
+Never imports: aiobotocore, valkey-py, the store or the integrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, Callable, Sequence
+
+from ..errors import TransportError
+from ..keys import DATA, TIER_MARKER, parse_data_key
+from . import protocol
+from .ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+TIER_LETTERS = {"nvme": "n", "s3": "s"}
+_BATCH = 256  # markers written concurrently
+_EXISTS_BATCH = 1024  # markers checked per round trip
+
+
+def marker_of(data_key: bytes) -> bytes:
+    """The tier-marker key of a data key (``...:c:{id}`` -> ``...:t:{id}``)."""
+    head, sep, tail = data_key.rpartition(f":{DATA}:{{".encode())
+    if not sep:
+        raise ValueError(f"not a data key: {data_key!r}")
+    return head + f":{TIER_MARKER}:{{".encode() + tail
+
+
+def data_of(marker_key: bytes) -> bytes:
+    head, sep, tail = marker_key.rpartition(f":{TIER_MARKER}:{{".encode())
+    if not sep:
+        raise ValueError(f"not a marker key: {marker_key!r}")
+    return head + f":{DATA}:{{".encode() + tail
+
+
+def split_data_key(data_key: bytes) -> tuple[str, str, str, str]:
+    """``<prefix>:<tenant>:<ns digest>:c:{<id>}`` -> (prefix, tenant, digest, id), every
+    segment checked against the key grammar (ValueError otherwise): what reaches an object
+    key or a file name never holds '/', '..' or another tenant's path."""
+    return tuple(parse_data_key(data_key))  # type: ignore[return-value]
+
+
+def marker_value(tiers: Sequence[str]) -> bytes:
+    return "".join(TIER_LETTERS[t] for t in tiers).encode()
+
+
+class Markers:
+    def __init__(self, valkey: Any, ledger: Ledger, *, key_prefix: str, tenant: str, timeout: float,
+                 spawn: Callable[[Any], asyncio.Task[Any]], counters: dict[str, int]) -> None:
+        self.valkey = valkey
+        self.ledger = ledger
+        self.key_prefix, self.tenant = key_prefix, tenant
+        self.timeout = timeout
+        self._spawn = spawn
+        self.counters = counters
+        self._dirty: dict[bytes, None] = {}  # ordered set: markers to write in the background
+        self._flusher: asyncio.Task[Any] | None = None
+        self.closing = False
+
+    # --- one marker --------------------------------------------------------------------------
+    async def _sync_one(self, key: bytes) -> None:
+        tiers = self.ledger.tiers_of(key)
+        mk = marker_of(key)
+        gen = self.ledger.gen(key)
+        try:
+            if tiers:
+                r = self.ledger.get(key)
+                args: list[Any] = [b"SET", mk, marker_value(tiers)]
+                if r is not None and r.expires_ms:
+                    args += [b"PXAT", r.expires_ms]
+                await self.valkey.command(*args, key=mk, timeout=self.timeout)
+                # A delete/expiry that ran while the SET was in flight may have sent its DEL
+                # first: re-check, and take the marker back if the chunk is gone now.
+                if not self.ledger.tiers_of(key) or not self.ledger.current(key, gen):
+                    await self.valkey.delete([mk], timeout=self.timeout)
+            else:
+                await self.valkey.delete([mk], timeout=self.timeout)
+        except TransportError as e:
+            log.debug("tiering: marker update for %r failed: %s", key, e)
+
+    async def sync(self, keys: Sequence[bytes]) -> None:
+        """Mirror the ledger into these keys' markers now."""
+        for k in keys:
+            self._dirty.pop(k, None)
+        for i in range(0, len(keys), _BATCH):
+            await asyncio.gather(*(self._sync_one(k) for k in keys[i : i + _BATCH]))
+
+    def sync_soon(self, key: bytes) -> None:
+        """Mirror it in the background (the ledger's ``on_change``); coalesced."""
+        if self.closing:
+            return
+        self._dirty[key] = None
+        if self._flusher is None or self._flusher.done():
+            self._flusher = self._spawn(self._flush())
+
+    async def _flush(self) -> None:
+        while self._dirty:
+            await self.sync(list(itertools.islice(self._dirty, _BATCH)))
+
+    async def settle(self) -> None:
+        """Wait until the markers queued by :meth:`sync_soon` are written."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+    # --- all of them -------------------------------------------------------------------------
+    async def reconcile(self) -> int:
+        """(Re)write the marker of every indexed chunk (after a restart, or a Valkey restart)."""
+        keys = self.ledger.keys()
+        await self.sync(keys)
+        return len(keys)
+
+    async def restore(self, keys: Sequence[bytes]) -> int:
+        """Re-create the markers Valkey lost among ``keys`` (chunks a tier holds); returns how many."""
+        restored = 0
+        for i in range(0, len(keys), _EXISTS_BATCH):
+            batch = keys[i : i + _EXISTS_BATCH]
+            present = await self.valkey.exists_many([marker_of(k) for k in batch], timeout=self.timeout)
+            missing = [k for k, p in zip(batch, present) if not p]
+            await self.sync(missing)
+            restored += len(missing)
+        self.counters["markers_restored"] += restored
+        return restored
+
+    async def repair(self, *, complete: bool, copying: Callable[[bytes], bool]) -> int:
+        """Re-create markers Valkey lost, and (``complete``: the ledger lists every tier's
+        copies) remove markers of chunks no tier holds: a phantom prefix hit otherwise.
+        ``copying(key)``: a copy-down is in flight (its marker is about to be right)."""
+        restored = await self.restore(self.ledger.keys())
+        if not complete:
+            return restored  # the ledger is incomplete: a marker it lacks may be valid
+        stray: list[bytes] = []
+        async for mk in self.valkey.scan_iter(protocol.marker_pattern(self.key_prefix, self.tenant), 1000):
+            try:
+                k = data_of(mk)
+            except ValueError:
+                continue
+            if not self.ledger.tiers_of(k) and not copying(k):
+                stray.append(mk)
+        for i in range(0, len(stray), _EXISTS_BATCH):
+            batch = stray[i : i + _EXISTS_BATCH]
+            self.counters["stale_markers_removed"] += await self.valkey.delete(batch, timeout=self.timeout)
+        indexed = [data_of(mk) for mk in stray if self.ledger.tiers_of(data_of(mk))]
+        await self.sync(indexed)  # indexed meanwhile: put it back
+        return restored
+
+
+__all__ = ["Markers", "TIER_LETTERS", "data_of", "marker_of", "marker_value", "split_data_key"]
