@@ -124,8 +124,10 @@ class CostModel:
       estimates (``seconds - nbytes * spb`` for the latency, the rest for the transfer), so
       both can rise and fall.
     - A skipped tier is never read, so it could never be re-measured: every
-      ``probe_interval_s`` one read is allowed anyway (a probe), and failed or timed-out
-      reads are observed as well (:meth:`failure`).
+      ``probe_interval_s`` one read is allowed anyway (a probe), and reads the tier answered
+      without a usable copy are observed as well (:meth:`failure`).
+    - Reads the tier did not answer (a timeout, an outage) are no samples: they would keep a
+      tier that is back "too slow" until probes wear the estimate down (docs/tiering-promotion.md).
     """
 
     def __init__(self, alpha: float = 0.2, prior: dict[str, tuple[float, float]] | None = None, *,
@@ -155,7 +157,8 @@ class CostModel:
         self._last_try[tier] = self._clock()
 
     def failure(self, tier: str, nbytes: int, seconds: float) -> None:
-        """A read that failed or timed out after ``seconds``: counts as at least that slow."""
+        """A read the tier answered after ``seconds`` without a usable copy (absent, corrupt):
+        it counts as at least that slow."""
         if seconds > self.expected(tier, nbytes):
             self.observe(tier, nbytes, seconds)
         else:

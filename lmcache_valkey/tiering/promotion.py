@@ -3,7 +3,8 @@
 Concurrent promotions of one chunk share one lower-tier read (a caller timing out does not
 cancel it: the next caller finds the chunk in RAM). Tiers are tried fastest first; a tier
 whose expected time (:class:`~.policy.CostModel`) exceeds ``min(recompute_budget_s, what is
-left of the deadline)`` is skipped, re-checked before every read. The copy is verified
+left of the deadline)`` is skipped, re-checked before every read; reads the tier answered are
+its samples, reads it did not answer (timeout, outage) are not. The copy is verified
 (header, CRC32C by the tier; namespace here), then SET into RAM with the chunk's remaining
 TTL; an object-tier hit is also copied to the faster tiers (``promote_to_nvme``). A
 promotion never frees RAM itself: above the high watermark it wakes the demotion pass.
@@ -93,8 +94,12 @@ class Promoter:
             try:
                 got = await tier.read(key, r.value_len)
             except TransportError:
-                got = None
-            if got is None:
+                # The tier did not answer (timeout, outage, breaker open): that says nothing
+                # about its speed once it answers again, so it is no cost sample (the
+                # breaker tracks availability). A black hole's timeout fed in as a sample
+                # kept the tier "too slow" for minutes after it came back.
+                continue
+            if got is None:  # answered without a usable copy (absent, corrupt): timed like a read
                 self.cost.failure(name, r.value_len, time.perf_counter() - r0)
                 continue
             self.cost.observe(name, r.value_len, time.perf_counter() - r0)

@@ -619,3 +619,33 @@ def test_background_deleter_never_holds_up_the_demotion_loop(small_valkey, moto_
             await proxy.close()
 
     asyncio.run(main())
+
+
+# --- a black hole is an outage, not a slow tier ------------------------------------------------
+def test_promotion_from_s3_works_again_as_soon_as_a_black_hole_ends(small_valkey, moto_s3) -> None:
+    """A read that ended in a timeout says the store did not answer, not how fast it is: once
+    the store answers again, the next promotion reads it (no 30 s probe wait, no minutes of
+    misses while a cost estimate poisoned by the timeout decays)."""
+    async def main() -> None:
+        proxy = StallProxy(moto_s3.port)
+        url = await proxy.start()
+        ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, s3_timeout_s=3.0, recompute_budget_s=0.5)
+        m, client = await _manager(small_valkey, ts)
+        try:
+            key, value = chunk(1, 20_000)
+            await _put_tiered(m, client, key, value)
+            await m.evict("ram", keys=[key])
+            proxy.stall = True  # a black hole: connections accepted, nothing answered
+            assert not await m.promote(key, timeout=10.0)  # the read times out: a miss
+            assert m.tier("s3").breaker.state == "closed"  # one failure: not an open breaker yet
+            proxy.stall = False
+            assert await m.promote(key, timeout=10.0)  # the store answers again: read at once
+            assert await ram_get(client, key, len(value)) == value
+            assert m.stats()["manager"]["skipped_cost"] == 0
+        finally:
+            proxy.stall = False
+            await m.close()
+            await client.close()
+            await proxy.close()
+
+    asyncio.run(main())

@@ -137,7 +137,7 @@ def test_cost_model_latency_rises_and_slow_reads_weigh_what_they_cost() -> None:
     # averaging seconds per byte: ~5 s per 100 MB (averaging bandwidth would say ~0.2 s)
     assert c2.expected("s3", 10**8) > 2.0
     c3 = CostModel(prior={"s3": (0.02, 2e8)}, probe_interval_s=1e9)
-    c3.failure("s3", 1 << 20, 30.0)  # a read that timed out after 30 s counts
+    c3.failure("s3", 1 << 20, 30.0)  # a read answered (without a usable copy) after 30 s counts
     assert c3.expected("s3", 1 << 20) > 1.0
 
 
