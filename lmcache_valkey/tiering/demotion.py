@@ -62,6 +62,7 @@ class Demoter:
 
     def note_hit(self, key: bytes) -> None:
         self.ledger.touch(key)
+        self.ledger.reader_done(key)  # a promotion waiting for this read may let the copy go now
         self._touch(key)
 
     def forget(self, keys: Sequence[bytes]) -> None:
@@ -182,9 +183,9 @@ class Demoter:
 
     # --- the demotion pass ---------------------------------------------------------------------
     def candidate(self, key: bytes, idle_s: float) -> Candidate:
-        promoting, _reader, leased = self.ledger.held(key, time.monotonic())
+        promoting, reader, leased = self.ledger.held(key, time.monotonic())
         return Candidate(key, idle_s, lower=bool(self.ledger.tiers_of(key)), admitted=self.admission.admit(key),
-                         promoting=promoting, leased=leased)
+                         promoting=promoting, awaiting_reader=reader, leased=leased)
 
     async def candidates(self) -> list[Candidate]:
         """The tenant's RAM chunks with their idle time (SCAN + OBJECT IDLETIME)."""

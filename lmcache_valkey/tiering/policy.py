@@ -69,6 +69,7 @@ class Candidate:
     lower: bool = False  # some lower tier holds a durable copy (its RAM copy can simply go)
     admitted: bool = False  # admission would copy it down first (matters only without ``lower``)
     promoting: bool = False  # a promotion is staging it
+    awaiting_reader: bool = False  # promoted for a worker that has not read it yet
     leased: bool = False  # an engine's lookup-and-lock holds it
 
 
@@ -77,8 +78,9 @@ class Demotion:
 
     Above the high watermark of ``maxmemory`` a pass frees down to the low one, most idle
     first; with ``idle_s``, copies idle longer than that go whatever the memory. A copy being
-    promoted or under a lease stays; one no lower tier holds goes only if admission lets it be
-    copied down first (one-time prompts are left to Valkey's own eviction policy).
+    promoted, promoted for a worker that has not read it yet (until ``promote_hold_s``), or
+    under a lease stays; one no lower tier holds goes only if admission lets it be copied down
+    first (one-time prompts are left to Valkey's own eviction policy).
     """
 
     def __init__(self, high: float = 0.85, low: float = 0.70, idle_s: float | None = None) -> None:
@@ -100,7 +102,7 @@ class Demotion:
         return self.idle_s is not None and idle_s >= self.idle_s
 
     def eligible(self, c: Candidate) -> bool:
-        return not (c.promoting or c.leased) and (c.lower or c.admitted)
+        return not (c.promoting or c.awaiting_reader or c.leased) and (c.lower or c.admitted)
 
     def plan(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The copies a pass may remove, in the order it tries them (most idle first)."""

@@ -45,8 +45,10 @@ class Promoter:
         """Bring ``key`` back into Valkey RAM from the fastest lower tier. True when staged.
 
         Coalesced: concurrent calls for one key share one lower-tier read. A caller timing
-        out does not cancel the shared promotion."""
+        out does not cancel the shared promotion. A chunk promoted for a caller stays in RAM
+        until it was read (its hit) or ``promote_hold_s`` passed (``policy.Demotion``)."""
         fut = self._promoting.get(key)
+        first = fut is None
         if fut is None:
             self.ledger.promoting(key, True)
             fut = asyncio.ensure_future(self._promote_one(key, time.monotonic() + timeout))
@@ -55,11 +57,17 @@ class Promoter:
         else:
             self.w.counters["promote_coalesced"] += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            ok = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             tiers = self.ledger.tiers_of(key) or [t.name for t in self.w.tiers[-1:]]
             metrics.record_miss(tiers[0] if tiers else "ram", "deadline")
             return False
+        if ok and not first:
+            self._await_reader(key)  # the promotion held it for its first caller; one more reads it
+        return ok
+
+    def _await_reader(self, key: bytes) -> None:
+        self.ledger.await_reader(key, time.monotonic() + self.w.ts.promote_hold_s)
 
     def _done(self, key: bytes) -> None:
         self._promoting.pop(key, None)
@@ -77,6 +85,7 @@ class Promoter:
             left = min(w.timeout, max(0.001, deadline - time.monotonic()))
             if (await w.valkey.exists_many([key], timeout=left))[0]:
                 w.counters["already_in_ram"] += 1
+                self._await_reader(key)
                 return True
         except TransportError:
             pass
@@ -133,6 +142,7 @@ class Promoter:
                 continue
             w.counters["promotions"] += 1
             ledger.touch(key)
+            self._await_reader(key)  # before the promotion ends: no demotion pass slips in between
             metrics.record_promotion(name, r.value_len)
             metrics.record_hit(name, "local", r.value_len - codec.HEADER_SIZE)
             metrics.observe_latency("promote", name, "local", time.perf_counter() - t0)

@@ -67,6 +67,7 @@ class TieringSettings:
     breaker_failures: int = 5
     breaker_reset_s: float = 5.0
     promote_to_nvme: bool = True  # an object-tier hit is also written to NVMe
+    promote_hold_s: float = 5.0  # a promoted chunk stays in RAM until its reader read it, at most this long
     request_block_s: float = 1.0  # tierd's BLPOP wait on the request list
     marker_repair_s: float = 300.0  # re-create tier markers Valkey lost (eviction), this often
 
@@ -156,6 +157,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "breaker_failures": _int(1, 1000),
     "breaker_reset_s": parse_seconds,
     "promote_to_nvme": parse_bool,
+    "promote_hold_s": lambda k, v: parse_seconds(k, v, maximum=600.0),
     "request_block_s": lambda k, v: parse_seconds(k, v, maximum=60.0),
     "marker_repair_s": parse_seconds,
 }

@@ -12,7 +12,7 @@ import pytest
 from tierhelp import NS, StallProxy, chunk, ram_get, resp_client, tiering
 
 from lmcache_valkey import codec
-from lmcache_valkey.tiering import RemoteTierClient, TierManager, protocol
+from lmcache_valkey.tiering import EmbeddedTierClient, RemoteTierClient, TierManager, protocol
 from lmcache_valkey.tiering.markers import marker_of
 from lmcache_valkey.tiering.object_store import ObjectTier
 from lmcache_valkey.tiering.service import RequestServer
@@ -647,5 +647,35 @@ def test_promotion_from_s3_works_again_as_soon_as_a_black_hole_ends(small_valkey
             await m.close()
             await client.close()
             await proxy.close()
+
+    asyncio.run(main())
+
+
+# --- a promoted chunk waits for its reader -------------------------------------------------
+def test_a_chunk_promoted_for_a_worker_stays_in_ram_until_it_is_read(small_valkey, nvme_dir) -> None:
+    """Under memory pressure the demotion pass removes every RAM copy a lower tier holds; the
+    one just promoted for a waiting worker stays until that worker read it (its hit hint) or
+    ``promote_hold_s`` passed."""
+    async def main() -> None:
+        ts = tiering(nvme_dir=nvme_dir, demote_high_watermark=0.02, demote_low_watermark=0.01, promote_hold_s=1.0)
+        m, client = await _manager(small_valkey, ts)
+        tiers = EmbeddedTierClient(m)
+        try:
+            items = [chunk(i, 100_000) for i in range(6)]
+            for k, v in items:
+                await _put_tiered(m, client, k, v)
+            (key, value), (other, other_value) = items[0], items[1]
+            await m.evict("ram", keys=[key, other])
+            assert await tiers.promote(key, timeout=10.0) and await tiers.promote(other, timeout=10.0)
+            assert await m.demote_once() == 4  # the pass runs before the workers read: the others go
+            assert await ram_get(client, key, len(value)) == value  # the worker's read hits
+            await tiers.note_hit(key)  # ... and says so (the store sends it after every hit)
+            assert await m.demote_once() == 1  # read: it may go now; `other` is still awaited
+            assert await client.exists_many([key, other], timeout=5.0) == [False, True]
+            await _until(lambda: not m.ledger.held(other, __import__("time").monotonic())[1])
+            assert await m.demote_once() == 1  # nobody read it within promote_hold_s: it goes too
+        finally:
+            await m.close()
+            await client.close()
 
     asyncio.run(main())

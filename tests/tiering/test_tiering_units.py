@@ -216,6 +216,21 @@ def test_a_write_that_lands_after_a_delete_is_stale_and_undone() -> None:
     assert led.landed(K, "s3", newer, 10, 0) and led.tiers_of(K) == ["s3"]
 
 
+def test_a_promotion_holds_the_ram_copy_for_each_reader_until_read_or_its_deadline() -> None:
+    led = Ledger(("nvme",))
+    led.await_reader(K, until=10.0)
+    led.await_reader(K, until=12.0)  # a second caller of the same promotion
+    assert led.held(K, now=1.0) == (False, True, False)
+    led.reader_done(K)
+    assert led.held(K, now=1.0)[1]  # one reader left
+    led.reader_done(K)
+    assert led.held(K, now=1.0) == (False, False, False)
+    led.await_reader(K, until=10.0)
+    assert not led.held(K, now=10.0)[1]  # nobody read it in time: it may go
+    led.expire_holds(now=10.0)
+    assert led.held(K, now=1.0) == (False, False, False)
+
+
 def test_expired_copies_are_not_served_by_the_ledger() -> None:
     led = Ledger(("nvme",))
     led.found(K, "nvme", 10, expires_ms=1)
@@ -228,7 +243,8 @@ def test_the_demotion_policy_picks_most_idle_first_and_respects_holds() -> None:
     d = Demotion(0.85, 0.70)
     cands = [Candidate(b"a", 100, lower=True), Candidate(b"b", 50, admitted=False),
              Candidate(b"c", 200, lower=True, promoting=True), Candidate(b"d", 300, lower=True, leased=True),
-             Candidate(b"e", 5, admitted=True), Candidate(b"f", 150, lower=True)]
+             Candidate(b"e", 5, admitted=True), Candidate(b"f", 150, lower=True),
+             Candidate(b"g", 0, lower=True, awaiting_reader=True)]  # promoted, its reader not there yet
     assert [c.key for c in d.plan(cands)] == [b"f", b"a", b"e"]  # b: a one-time prompt, left to Valkey
     assert not d.enough(0, 100, 5) and d.enough(100, 100, 5)
     idle = Demotion(0.85, 0.70, idle_s=30)
