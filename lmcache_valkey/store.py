@@ -85,6 +85,8 @@ class TierHints(Protocol):
 
     async def note_hit(self, data_key: bytes) -> None: ...
 
+    async def note_miss(self, data_keys: Sequence[bytes]) -> None: ...
+
     async def delete(self, data_keys: Sequence[bytes], *, timeout: float) -> int: ...
 
     async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None: ...
@@ -186,7 +188,13 @@ class ChunkStore:
         n = len(chunk_ids)
         if self.tiers is None:
             return [bool(f) for f in found[:n]]
-        return [bool(found[i] or found[n + i]) for i in range(n)]
+        out = [bool(found[i] or found[n + i]) for i in range(n)]
+        # A lower tier may hold a chunk whose marker Valkey evicted (allkeys-*): report the
+        # first misses, so the tier manager re-creates what it has (docs/tiering-tiers.md).
+        missed = [keys[i] for i, f in enumerate(out) if not f][:_MISSES_REPORTED]
+        if missed:
+            self._spawn(self.tiers.note_miss(missed))
+        return out
 
     async def exists(self, chunk_id: str) -> bool:
         return await self.contains_prefix([chunk_id]) == 1
@@ -660,6 +668,7 @@ class _Releases:
 _GRACE_S = 0.25
 
 _ABSENT = object()  # the server said "no such key": a plain miss, maybe a lower-tier hit
+_MISSES_REPORTED = 4  # chunks a lookup reports missing to the tier manager (the first ones)
 
 # CRC32C runs at a few GB/s per core and releases the GIL: large payloads are checked on
 # worker threads, concurrently, so a batch's checks overlap each other and the event loop

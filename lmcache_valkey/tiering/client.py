@@ -15,7 +15,7 @@ Two placements, two classes:
 - :class:`RemoteTierClient` talks to ``tierd`` through Valkey lists
   (docs/tiering-promotion.md), with the op table of :mod:`.service`: requests are RPUSHed to
   the tenant's request list; one listener task per worker BLPOPs the worker's reply list
-  and resolves waiters; hints (puts, hits, leases, releases) are batched (one RPUSH per
+  and resolves waiters; hints (puts, hits, lookup misses, leases, releases) are batched (one RPUSH per
   ~50 ms or 256 hints), bounded, and dropped (counted) when Valkey is unreachable.
 
 Never imports: aiobotocore, the store, the integrations.
@@ -72,6 +72,9 @@ class EmbeddedTierClient:
     async def note_hit(self, data_key: bytes) -> None:
         self.manager.note_hit(data_key)
 
+    async def note_miss(self, data_keys: Sequence[bytes]) -> None:
+        self.manager.note_miss(data_keys)
+
     async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None:
         self.manager.lease(data_keys, ttl_s)
 
@@ -110,6 +113,7 @@ class RemoteTierClient:
         self._listener: asyncio.Task[None] | None = None
         self._puts: list[tuple[bytes, int]] = []
         self._hits: list[bytes] = []
+        self._misses: list[bytes] = []
         self._leases: list[tuple[bytes, int]] = []
         self._releases: list[bytes] = []
         self._hint_task: asyncio.Task[None] | None = None
@@ -135,6 +139,11 @@ class RemoteTierClient:
 
     async def note_hit(self, data_key: bytes) -> None:
         self._hits.append(data_key)
+        self._hint_soon()
+
+    async def note_miss(self, data_keys: Sequence[bytes]) -> None:
+        """A lookup missed these (tierd re-creates the markers of those a tier holds)."""
+        self._misses.extend(data_keys)
         self._hint_soon()
 
     async def lease(self, data_keys: Sequence[bytes], ttl_s: float) -> None:
@@ -231,13 +240,15 @@ class RemoteTierClient:
                 fut.set_result((bool(msg.get("ok")), msg.get("result")))
 
     def _pending_hints(self) -> int:
-        return len(self._puts) + len(self._hits) + len(self._leases) + len(self._releases)
+        return len(self._puts) + len(self._hits) + len(self._misses) + len(self._leases) + len(self._releases)
 
     def _hint_soon(self) -> None:
-        over = self._pending_hints() - HINT_MAX
-        if over > 0:  # hits first: a lost hit costs a little recency, a lost lease more
-            self.stats["hints_dropped"] += min(over, len(self._hits))
-            del self._hits[: min(over, len(self._hits))]
+        # over the bound, misses and hits go first: a lost one costs a little, a lost lease more
+        for pending in (self._misses, self._hits):
+            over = min(self._pending_hints() - HINT_MAX, len(pending))
+            if over > 0:
+                self.stats["hints_dropped"] += over
+                del pending[:over]
         if self._pending_hints() >= HINT_BATCH:
             t = asyncio.ensure_future(self._send_hints())
             self._tasks.add(t)
@@ -252,8 +263,8 @@ class RemoteTierClient:
     async def _send_hints(self) -> None:
         if not self._pending_hints():
             return
-        lists = [self._puts, self._hits, self._leases, self._releases]
-        self._puts, self._hits, self._leases, self._releases = [], [], [], []
+        lists = [self._puts, self._hits, self._misses, self._leases, self._releases]
+        self._puts, self._hits, self._misses, self._leases, self._releases = [], [], [], [], []
         while any(lists):
             # at most MAX_KEYS hints per message: tierd refuses a longer one (requests.py)
             room, part = requests.MAX_KEYS, []
@@ -261,10 +272,10 @@ class RemoteTierClient:
                 part.append(items[:room])
                 lists[i] = items[room:]
                 room -= len(part[-1])
-            puts, hits, leases, releases = part
-            msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits,
+            puts, hits, misses, leases, releases = part
+            msg = {"op": "hint", "put": [[k, n] for k, n in puts], "hit": hits, "miss": misses,
                    "lease": [[k, ms] for k, ms in leases], "release": releases}
-            n = len(puts) + len(hits) + len(leases) + len(releases)
+            n = sum(len(p) for p in part)
             try:
                 await self._push(protocol.pack(msg), self.settings.op_timeout_s)
                 self.stats["hints_sent"] += n

@@ -152,6 +152,10 @@ class TierManager:
     def note_hit(self, key: bytes) -> None:
         self.demoter.note_hit(key)
 
+    def note_miss(self, keys: Sequence[bytes]) -> None:
+        """A lookup missed ``keys``: re-create the markers Valkey lost of those a tier holds."""
+        self.markers.missed(keys)
+
     async def promote(self, key: bytes, *, timeout: float) -> bool:
         return await self.promoter.promote(key, timeout=timeout)
 

@@ -6,7 +6,8 @@ The marker's value names the tiers (``n`` NVMe, ``s`` object store), its ``PXAT`
 chunk's expiry. :class:`Markers` writes them when the ledger's durable tiers change
 (coalesced, in the background, or at once where a caller needs it), re-asserts them all
 after a restart, re-creates the ones Valkey lost (eviction under ``allkeys-*``, a restart)
-periodically and for chunks a lookup just missed, and removes markers no tier backs.
+periodically and as soon as a lookup misses a chunk a tier holds (Valkey evicted its marker:
+then every lost marker is restored), and removes markers no tier backs.
 
 Never imports: aiobotocore, valkey-py, the store or the integrations.
 """
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 TIER_LETTERS = {"nvme": "n", "s3": "s"}
 _BATCH = 256  # markers written concurrently
 _EXISTS_BATCH = 1024  # markers checked per round trip
+SWEEP_AFTER_MISS_S = 10.0  # at most one restore of every marker this often, triggered by misses
 
 
 def marker_of(data_key: bytes) -> bytes:
@@ -67,6 +69,8 @@ class Markers:
         self.counters = counters
         self._dirty: dict[bytes, None] = {}  # ordered set: markers to write in the background
         self._flusher: asyncio.Task[Any] | None = None
+        self._sweeper: asyncio.Task[Any] | None = None
+        self._swept_at = -SWEEP_AFTER_MISS_S
         self.closing = False
 
     # --- one marker --------------------------------------------------------------------------
@@ -132,6 +136,25 @@ class Markers:
             restored += len(missing)
         self.counters["markers_restored"] += restored
         return restored
+
+    def missed(self, keys: Sequence[bytes]) -> None:
+        """A lookup missed ``keys``. Those a tier holds lost their marker (Valkey evicted it
+        under an ``allkeys-*`` policy): re-create them now, and, since an eviction rarely takes
+        one marker, restore every lost one (at most every ``SWEEP_AFTER_MISS_S``)."""
+        held = [k for k in keys if self.ledger.tiers_of(k)]
+        if held and not self.closing:
+            self._spawn(self._repair_missed(held))
+
+    async def _repair_missed(self, keys: Sequence[bytes]) -> None:
+        try:
+            if not await self.restore(keys):
+                return  # the markers were there (written since the lookup)
+            now = asyncio.get_running_loop().time()
+            if now - self._swept_at >= SWEEP_AFTER_MISS_S and (self._sweeper is None or self._sweeper.done()):
+                self._swept_at = now
+                self._sweeper = self._spawn(self.restore(self.ledger.keys()))
+        except TransportError as e:
+            log.debug("tiering: marker repair after a miss failed: %s", e)
 
     async def repair(self, *, complete: bool, copying: Callable[[bytes], bool]) -> int:
         """Re-create markers Valkey lost, and (``complete``: the ledger lists every tier's

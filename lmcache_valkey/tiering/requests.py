@@ -70,6 +70,7 @@ class Request:
     timeout_s: float | None = None  # drain
     puts: tuple[tuple[bytes, int], ...] = ()  # hint: (data key, value bytes)
     hits: tuple[bytes, ...] = ()  # hint
+    misses: tuple[bytes, ...] = ()  # hint: a lookup missed them
     leases: tuple[tuple[bytes, int], ...] = ()  # hint: (data key, milliseconds)
     releases: tuple[bytes, ...] = ()  # hint
 
@@ -170,15 +171,16 @@ def check_hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, 
             raise BadRequest(f"put[{i}]: a [data key, bytes] pair expected")
         puts.append((scope.data_key(p[0], f"put[{i}]"), _int(p[1], f"put[{i}] size", 0, MAX_NBYTES)))
     hits = _keys(scope, m.get("hit", []), "hit")
+    misses = _keys(scope, m.get("miss", []), "miss")
     leases = []
     for i, p in enumerate(_list(m.get("lease", []), "lease")):
         if not isinstance(p, list) or len(p) != 2:
             raise BadRequest(f"lease[{i}]: a [data key, milliseconds] pair expected")
         leases.append((scope.data_key(p[0], f"lease[{i}]"), _int(p[1], f"lease[{i}] ms", 0, MAX_TTL_MS)))
     releases = _keys(scope, m.get("release", []), "release")
-    if len(puts) + len(hits) + len(leases) + len(releases) > MAX_KEYS:
+    if len(puts) + len(hits) + len(misses) + len(leases) + len(releases) > MAX_KEYS:
         raise BadRequest(f"hint: at most {MAX_KEYS} hints in one request")
-    return {"puts": tuple(puts), "hits": hits, "leases": tuple(leases), "releases": releases}
+    return {"puts": tuple(puts), "hits": hits, "misses": misses, "leases": tuple(leases), "releases": releases}
 
 
 def check_promote(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:

@@ -44,6 +44,7 @@ async def _hint(m: "TierManager", req: Request) -> None:
         m.note_put(k, n)
     for k in req.hits:
         m.note_hit(k)
+    m.note_miss(req.misses)
     for k, ms in req.leases:  # leases before releases: a batch never ends a lease it has not begun
         m.lease([k], ms / 1000)
     m.release(req.releases)

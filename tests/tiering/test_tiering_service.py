@@ -115,3 +115,45 @@ def test_promote_respects_deadline_when_tierd_is_absent(small_valkey) -> None:
             await client.close()
 
     asyncio.run(main())
+
+
+def test_tierd_re_creates_a_marker_a_worker_lookup_missed(small_valkey, nvme_dir, moto_s3) -> None:
+    """Service placement: the worker's lookup that misses a chunk tierd holds (its marker
+    evicted) reports it in its hints, and tierd puts the marker back."""
+    async def main() -> None:
+        from lmcache_valkey.store import ChunkStore
+        from lmcache_valkey.tiering.object_store import ObjectTier
+        from lmcache_valkey.tiering.settings import tiering_settings_from_mapping
+
+        o = ObjectTier(tiering_settings_from_mapping({"s3_bucket": moto_s3.bucket, "s3_endpoint_url": moto_s3.url}))
+        await o.start()
+        await o.create_bucket()
+        await o.close()
+        task, stop = await _start_tierd(_args(small_valkey, nvme_dir, moto_s3))
+        client = await resp_client(small_valkey)
+        tc = RemoteTierClient(client, client.settings)
+        store = ChunkStore(client.settings, NS, client, tiers=tc)
+        items = [chunk(i, 50_000) for i in range(3)]
+        ids = [f"{i:032x}" for i in range(3)]
+        try:
+            for key, value in items:
+                await client.set(key, [value], ttl_s=None, timeout=5.0)
+                await tc.note_put(key, len(value))
+            await tc.flush_hints()
+            assert await drain(tc, timeout=30)
+            assert await evict(tc, "ram", namespace=NS.digest, tenant="t1") == 3
+            await client.delete([marker_of(items[1][0])], timeout=5.0)  # as if Valkey evicted it
+            assert await store.contains_prefix(ids) == 1
+            await tc.flush_hints()
+            for _ in range(250):
+                if await store.contains_prefix(ids) == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert await store.contains_prefix(ids) == 3
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 30) == 0
+            await tc.close()
+            await client.close()
+
+    asyncio.run(main())

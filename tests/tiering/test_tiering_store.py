@@ -89,3 +89,35 @@ def test_a_chunk_whose_metadata_lies_is_removed_from_every_tier(small_valkey, nv
             assert (await store.get_many_into([(good, memoryview(bytearray(100_000)))]))[0] is not None
 
     asyncio.run(main())
+
+
+def test_chunks_whose_markers_allkeys_lru_evicted_are_visible_again_after_one_miss(small_valkey, nvme_dir) -> None:
+    """Valkey (``allkeys-lru``, the recommended policy) evicts tier markers when another
+    tenant's writes fill its memory: lookups stop seeing chunks that are safe on NVMe. The
+    lookup that misses one of them reports it; the marker (and the others lost with it) is
+    re-created at once, not at the next repair pass minutes later."""
+    async def main() -> None:
+        async with tiered_store(small_valkey, nvme_dir) as (store, m):
+            client = store.transport
+            refs = [ChunkRef(f"{i:032x}", f"model@{i}") for i in range(16)]
+            meta = ChunkMeta(shapes=((100_000,),), dtypes=("uint8",), fmt=1)
+            assert all(await store.put_many([(r, meta, memoryview(bytes([i]) * 100_000)) for i, r in enumerate(refs)]))
+            await asyncio.sleep(0)  # note_put hints run as background tasks
+            await settled(m, len(refs))
+            await m.evict("ram", keys=[NS.data_key(r.chunk_id) for r in refs])  # demoted: markers only
+            ids = [r.chunk_id for r in refs]
+            assert await store.contains_prefix(ids) == len(refs)
+            other = b"lmcv:t2:" + b"f" * 32 + b":c:{%032x}"  # another tenant fills the memory
+            for i in range(120):
+                await client.set(other % i, [bytes(256 << 10)], ttl_s=None, timeout=5.0)
+            evicted = len(refs) - sum(await client.exists_many([NS.marker_key(c) for c in ids], timeout=5.0))
+            assert evicted > 0, "allkeys-lru kept every marker: nothing to check"
+            assert await store.contains_prefix(ids) < len(refs)  # the lookup that misses ...
+            for _ in range(250):  # ... reports it; the markers come back
+                if await store.contains_prefix(ids) == len(refs):
+                    break
+                await asyncio.sleep(0.02)
+            assert await store.contains_prefix(ids) == len(refs)
+            assert m.stats()["manager"]["markers_restored"] >= evicted
+
+    asyncio.run(main())
