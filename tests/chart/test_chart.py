@@ -271,6 +271,7 @@ def _notes_snippet(values: dict) -> str:
 def test_notes_snippet_loads_in_lmcache(values, tmp_path):
     config_mod = pytest.importorskip("lmcache.v1.config", reason="lmcache (extra 'lmcache') is not installed")
     from lmcache_valkey.config import KNOWN_KEYS, LMCACHE_OWN_KEYS
+    from lmcache_valkey.tiering.settings import KNOWN_KEYS as TIERING_KEYS
 
     path = tmp_path / "lmcache.yaml"
     path.write_text(_notes_snippet(values))
@@ -283,10 +284,30 @@ def test_notes_snippet_loads_in_lmcache(values, tmp_path):
     assert extra[pre + "module_path"] == "lmcache_valkey.integrations.lmcache.adapter"
     assert extra[pre + "class_name"] == "ValkeyConnectorAdapter"
     ours = {k[len(pre):] for k in extra if k.startswith(pre)}
-    assert ours <= KNOWN_KEYS | LMCACHE_OWN_KEYS, ours - KNOWN_KEYS - LMCACHE_OWN_KEYS
+    known = KNOWN_KEYS | TIERING_KEYS | LMCACHE_OWN_KEYS
+    assert ours <= known, ours - known
     url = extra[pre + "url"]
     assert url.startswith("valkeys://" if values.get("tls", {}).get("enabled") else "valkey://")
     assert f".{NAMESPACE}.svc.cluster.local:6379" in url
+
+
+@pytest.mark.parametrize("tierd", [True, False])
+def test_notes_snippet_sends_workers_to_tierd_when_it_runs(tierd):
+    """Workers that follow the install notes use tierd (NVMe/S3 tiers, promotion) when the chart
+    runs it, and say nothing about tiering when it does not."""
+    from lmcache_valkey.settings import load_settings, plugin_keys, plugin_prefix
+
+    extra = yaml.safe_load(_notes_snippet({"tierd": {"enabled": tierd}}))["extra_config"]
+    raw = {k: v for k, v in plugin_keys(extra, "valkey").items() if k not in ("module_path", "class_name")}
+    raw.pop("password_file", None)
+    settings, tiering = load_settings(raw, key_prefix=plugin_prefix("valkey"), env={})
+    assert tiering.mode == ("service" if tierd else "off")
+    assert settings.tenant == "default"  # the tenant tierd serves (tierd.tenant) by default
+
+
+def test_notes_warn_when_tierd_serves_another_tenant_than_the_workers():
+    notes = _render({"tierd": {"tenant": "t-other"}, "client": {"tenant": "t1"}})["lmcache-valkey/templates/NOTES.txt"]
+    assert "tierd serves tenant \"t-other\"" in notes and "workers of tenant \"t1\"" in notes
 
 
 # --- Grafana dashboard ---------------------------------------------------------------------------
