@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .config import PLUGIN_PREFIX, Settings, settings_from_mapping
+from .config import KNOWN_KEYS as CORE_KEYS
+from .config import LMCACHE_OWN_KEYS, PLUGIN_PREFIX, Settings, settings_from_mapping
 from .errors import ConfigError
+from .tiering.settings import KNOWN_KEYS as TIERING_KEYS
 from .tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
 
 
@@ -30,6 +32,11 @@ def load_settings(
     for LMCache's ``extra_config``, ``adapter_params.`` for an MP ``--l2-adapter`` JSON, ``--``
     for tierd's ``--set`` flags. ``env``: where secrets from the environment are read
     (default ``os.environ``)."""
+    unknown = sorted(k for k in raw if k not in CORE_KEYS and k not in TIERING_KEYS and k not in LMCACHE_OWN_KEYS)
+    if unknown:
+        # The value is not quoted: a misspelt secret key ("pasword") must not echo the secret.
+        raise ConfigError(key_prefix + unknown[0], "one of the known keys: "
+                          + ", ".join(sorted(CORE_KEYS)) + "; tiering: " + ", ".join(sorted(TIERING_KEYS)))
     tier_raw, core_raw = split_tiering_keys(raw)
     try:
         settings = settings_from_mapping(core_raw, env=env)

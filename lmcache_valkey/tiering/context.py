@@ -23,7 +23,7 @@ from .tiers import LowerTier
 COUNTERS = (
     "promotions", "promotion_misses", "promote_coalesced", "skipped_cost", "already_in_ram", "foreign",
     "markers_restored", "admitted", "rejected", "demoted", "ram_evicted", "deleted", "expired", "requests",
-    "bad_requests", "s3_deletes_pending", "stale_markers_removed", "demote_wakeups",
+    "bad_requests", "s3_deletes_pending", "stale_markers_removed", "demote_wakeups", "leases_refused",
 )
 
 
@@ -43,7 +43,8 @@ class Wing:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
         self.markers: Markers
-        self.ledger = Ledger(tier_names(ts), on_change=lambda key: self.markers.sync_soon(key))
+        self.ledger = Ledger(tier_names(ts), max_leases=ts.max_leases,
+                             on_change=lambda key: self.markers.sync_soon(key))
         self.markers = Markers(valkey, self.ledger, key_prefix=self.key_prefix, tenant=tenant,
                                timeout=self.timeout, spawn=self.spawn, counters=self.counters)
 

@@ -100,7 +100,6 @@ class Ledger:
         self._tickets = itertools.count(1)
         self._holds: dict[bytes, Holds] = {}
         self._leases = 0  # keys with a lease
-        self.leases_refused = 0
 
     # --- copies ------------------------------------------------------------------------------
     def _tier(self, tier: str) -> None:
@@ -316,7 +315,6 @@ class Ledger:
             h.lease_until = max(h.lease_until, until)
             return False
         if self._leases >= self.max_leases:
-            self.leases_refused += 1
             return None
         h = self._hold(key)
         h.lease_holders, h.lease_until = 1, until

@@ -26,6 +26,7 @@ from .context import Wing
 from .deletion import Deleter
 from .demotion import Demoter
 from .ledger import DOOMED
+from . import requests
 from .promotion import Promoter
 from .settings import TieringSettings
 from .tiers import open_tiers
@@ -43,6 +44,7 @@ class TierManager:
         self.demoter = Demoter(w, finish_removal=self.deleter.finish)
         self.promoter = Promoter(w, demoter=self.demoter, deleter=self.deleter)
         self._listed: set[str] = set()  # tiers whose inventory is in the ledger
+        self._lease_log = requests.RateLimitedLog(log, "tiering: lease refused")
         self._loops: list[asyncio.Task[Any]] = []
 
     def tier(self, name: str) -> Any:
@@ -121,7 +123,11 @@ class TierManager:
         removal of their lower-tier copies for space. Counted: each call needs a release."""
         until = time.monotonic() + ttl_s
         for k in keys:
-            if self.ledger.lease(k, until):
+            new = self.ledger.lease(k, until)
+            if new is None:  # max_leases chunks are leased: refused (the load may then miss)
+                self.counters["leases_refused"] += 1
+                self._lease_log.note(f"{self.ledger.lease_count} chunks leased (max_leases); lease refused")
+            elif new:
                 for t in self.w.tiers:
                     t.pins.hold(k)
 

@@ -68,6 +68,7 @@ class TieringSettings:
     breaker_reset_s: float = 5.0
     promote_to_nvme: bool = True  # an object-tier hit is also written to NVMe
     promote_hold_s: float = 5.0  # a promoted chunk stays in RAM until its reader read it, at most this long
+    max_leases: int = 1 << 16  # chunks leased at once (lookup-and-lock); more are refused, counted
     request_block_s: float = 1.0  # tierd's BLPOP wait on the request list
     marker_repair_s: float = 300.0  # re-create tier markers Valkey lost (eviction), this often
 
@@ -158,6 +159,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "breaker_reset_s": parse_seconds,
     "promote_to_nvme": parse_bool,
     "promote_hold_s": lambda k, v: parse_seconds(k, v, maximum=600.0),
+    "max_leases": _int(1, 1 << 24),
     "request_block_s": lambda k, v: parse_seconds(k, v, maximum=60.0),
     "marker_repair_s": parse_seconds,
 }

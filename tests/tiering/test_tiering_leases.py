@@ -146,3 +146,43 @@ def test_leases_reach_tierd_through_the_hint_list(small_valkey, nvme_dir, moto_s
             await client.close()
 
     asyncio.run(main())
+
+
+def test_tierd_holds_a_bounded_number_of_leases_per_tenant(small_valkey, nvme_dir, moto_s3) -> None:
+    """A tenant's workers cannot make tierd keep lease entries without bound (a worker that
+    leases and never releases, or a flood of lease hints): past ``max_leases`` new leases are
+    refused and counted; releases and deadlines make room again."""
+    from test_tiering_service import _args, _start_tierd
+
+    from lmcache_valkey.tiering.tierd import tier_stats
+
+    async def main() -> None:
+        args = _args(small_valkey, nvme_dir, moto_s3)
+        args.set.append("max_leases=100")
+        task, stop = await _start_tierd(args)
+        client = await resp_client(small_valkey)
+        tc = RemoteTierClient(client, client.settings)
+        keys = [chunk(i, 1000)[0] for i in range(1000)]
+        try:
+            await tc.lease(keys, 600.0)
+            await tc.flush_hints()
+            end = time.monotonic() + 20
+            while (st := await tier_stats(tc))["manager"]["leases_refused"] < 900:
+                assert time.monotonic() < end, st["manager"]
+                await asyncio.sleep(0.1)
+            assert st["leases"] == 100
+            await tc.release(keys[:100])
+            await tc.flush_hints()  # (a batch applies its leases before its releases)
+            await tc.lease(keys[100:150], 600.0)  # room again
+            await tc.flush_hints()
+            end = time.monotonic() + 20
+            while (await tier_stats(tc))["leases"] != 50:
+                assert time.monotonic() < end, "releases did not make room"
+                await asyncio.sleep(0.1)
+        finally:
+            await tc.close()
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await client.close()
+
+    asyncio.run(main())

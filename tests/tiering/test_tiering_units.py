@@ -231,6 +231,18 @@ def test_a_promotion_holds_the_ram_copy_for_each_reader_until_read_or_its_deadli
     assert led.held(K, now=1.0) == (False, False, False)
 
 
+def test_leases_are_counted_per_chunk_and_bounded() -> None:
+    led = Ledger(("nvme",), max_leases=2)
+    a, b, c = b"a", b"b", b"c"
+    assert led.lease(a, 10.0) is True and led.lease(a, 10.0) is False  # two holders, one lease
+    assert led.lease(b, 20.0) is True
+    assert led.lease(c, 10.0) is None and led.lease_count == 2  # full: refused
+    assert led.release(a) is False and led.release(a) is True  # the last holder ends it
+    assert led.lease(c, 10.0) is True
+    assert led.leased(b, now=5.0) and not led.leased(b, now=20.0)
+    assert sorted(led.expire_holds(now=15.0)) == [c] and led.lease_count == 1
+
+
 def test_expired_copies_are_not_served_by_the_ledger() -> None:
     led = Ledger(("nvme",))
     led.found(K, "nvme", 10, expires_ms=1)
