@@ -7,8 +7,8 @@ One engine per job works on shared state (:class:`~.context.Wing`, docs/layers.m
 :mod:`.promotion`, :mod:`.deletion` (delete, expiry, evict) and :mod:`.markers`, over the
 :mod:`.ledger` (every state of a chunk in the lower tiers) and the lower tiers
 (:class:`~.tiers.LowerTier`). This module starts them (the ledger rebuilt from the tiers'
-inventories), runs the background loop, and holds leases (an engine's lookup-and-lock: the
-RAM copy stays, lower copies are pinned, until released or past the deadline).
+inventories), runs the background loop, and offers leases (an engine's lookup-and-lock: the
+RAM copy stays, lower copies are pinned: :mod:`.leases`).
 
 Never imports: aiobotocore (only via .object_store), valkey-py, the store, the integrations.
 """
@@ -26,7 +26,7 @@ from .context import Wing
 from .deletion import Deleter
 from .demotion import Demoter
 from .ledger import DOOMED
-from . import requests
+from .leases import Leases
 from .promotion import Promoter
 from .settings import TieringSettings
 from .tiers import open_tiers
@@ -43,8 +43,8 @@ class TierManager:
         self.deleter = Deleter(w, forget=lambda keys: self.demoter.forget(keys))
         self.demoter = Demoter(w, finish_removal=self.deleter.finish)
         self.promoter = Promoter(w, demoter=self.demoter, deleter=self.deleter)
+        self.leases = Leases(w)
         self._listed: set[str] = set()  # tiers whose inventory is in the ledger
-        self._lease_log = requests.RateLimitedLog(log, "tiering: lease refused")
         self._loops: list[asyncio.Task[Any]] = []
 
     def tier(self, name: str) -> Any:
@@ -117,41 +117,13 @@ class TierManager:
         """Wait for background work (marker writes, remote removals). True when none is left."""
         return await self.w.settle(timeout)
 
-    # --- leases (lookup-and-lock) -----------------------------------------------------------
+    # --- the engines' operations ------------------------------------------------------------
     def lease(self, keys: Sequence[bytes], ttl_s: float) -> None:
-        """Keep ``keys`` loadable for up to ``ttl_s``: no demotion of their RAM copies, no
-        removal of their lower-tier copies for space. Counted: each call needs a release."""
-        until = time.monotonic() + ttl_s
-        for k in keys:
-            new = self.ledger.lease(k, until)
-            if new is None:  # max_leases chunks are leased: refused (the load may then miss)
-                self.counters["leases_refused"] += 1
-                self._lease_log.note(f"{self.ledger.lease_count} chunks leased (max_leases); lease refused")
-            elif new:
-                for t in self.w.tiers:
-                    t.pins.hold(k)
+        self.leases.lease(keys, ttl_s)
 
     def release(self, keys: Sequence[bytes]) -> None:
-        """End one lease of each key (unknown or expired keys are ignored)."""
-        for k in keys:
-            if self.ledger.release(k):
-                self._unpin(k)
+        self.leases.release(keys)
 
-    def leased(self, key: bytes) -> bool:
-        return self.ledger.leased(key, time.monotonic())
-
-    def expire_leases(self) -> int:
-        """End leases past their deadline (their holder is gone or forgot to release)."""
-        ended = self.ledger.expire_holds(time.monotonic())
-        for k in ended:
-            self._unpin(k)
-        return len(ended)
-
-    def _unpin(self, key: bytes) -> None:
-        for t in self.w.tiers:
-            t.pins.drop(key)
-
-    # --- the engines' operations ------------------------------------------------------------
     def note_put(self, key: bytes, nbytes: int = 0) -> None:
         self.demoter.note_put(key, nbytes)
 
@@ -200,7 +172,7 @@ class TierManager:
                 pass
             wake.clear()
             try:
-                self.expire_leases()
+                self.leases.expire()
                 await self.deleter.expire()
                 await self.demote_once()
                 for t in self.w.tiers:

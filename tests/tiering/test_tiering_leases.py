@@ -90,12 +90,12 @@ def test_a_lease_its_holder_never_releases_ends_at_its_deadline(small_valkey, nv
             await _put(m, client, [(k, v)])
             m.lease([k], 0.2)
             m.lease([k], 0.2)  # counted: two holders
-            assert m.leased(k) and m.tier("nvme").pins.pinned(k)
+            assert m.leases.leased(k) and m.tier("nvme").pins.pinned(k)
             m.release([k])
-            assert m.leased(k)
+            assert m.leases.leased(k)
             time.sleep(0.3)
-            assert not m.leased(k)
-            assert m.expire_leases() == 1
+            assert not m.leases.leased(k)
+            assert m.leases.expire() == 1
             assert not m.tier("nvme").pins.pinned(k) and m.stats()["leases"] == 0
             m.release([k])  # a late release of an expired lease is harmless
         finally:
