@@ -65,6 +65,20 @@ class OutOfMemory(ServerError):
     cause = "oom"
 
 
+class TryAgain(ServerError):
+    """TRYAGAIN: a multi-key command met a slot being migrated (Cluster); retry shortly."""
+
+
+class ReadOnly(ServerError):
+    """READONLY: the node is a replica now (a failover): writes go to the new primary."""
+
+
+class Loading(ServerError):
+    """LOADING: the server is loading its dataset after a restart; it answers soon."""
+
+    cause = "connection"
+
+
 class ProtocolError(TransportError):
     """The byte stream is not valid RESP; the connection must be dropped."""
 
@@ -132,7 +146,8 @@ class Redirect(ServerError):
 
 
 # Error-reply prefixes mapped to their typed error, in the style of valkey-py's parser
-# table: the one place a server's error text becomes a class.
+# table: the one place a server's error text becomes a class (the fabric endpoint's own
+# codes add theirs in transport/fabric/commands.py).
 SERVER_ERROR_PREFIXES: dict[str, Callable[[str], TransportError]] = {
     "NOAUTH": AuthError,
     "WRONGPASS": AuthError,
@@ -140,6 +155,9 @@ SERVER_ERROR_PREFIXES: dict[str, Callable[[str], TransportError]] = {
     "OOM": OutOfMemory,
     "MOVED": Redirect.parse,
     "ASK": Redirect.parse,
+    "TRYAGAIN": TryAgain,
+    "READONLY": ReadOnly,
+    "LOADING": Loading,
 }
 
 

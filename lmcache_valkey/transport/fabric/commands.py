@@ -12,7 +12,7 @@ the extended HELLO (docs/fabric-command-dialect.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ServerError, server_error
 
@@ -152,6 +152,19 @@ _UPSTREAM_ERRORS: tuple[tuple[str, type[LmcacheValkeyError]], ...] = (
 )
 
 
+# Our endpoint's error codes (the first word of the reply) beside the server's own table
+# (errors.SERVER_ERROR_PREFIXES); TIMEOUT carries how many operations were still in flight.
+_CODES: dict[str, Callable[[str], LmcacheValkeyError]] = {
+    "NOHELLO": NoFabricSession,
+    "NOPROOF": PeerNotProven,
+    "BADREGION": OutsideRegions,
+    "BADWINDOW": WindowTooSmall,
+    "XFERFAILED": TransferFailed,
+    "NOFABRIC": FabricUnavailable,
+    "TIMEOUT": lambda message: ServerDeadline(message, int(m.group(1)) if (m := _INFLIGHT.search(message)) else 1),
+}
+
+
 def map_error(message: str) -> LmcacheValkeyError:
     """Typed exception for an error reply of the endpoint (either dialect)."""
     code = message.split(" ", 1)[0]
@@ -159,19 +172,4 @@ def map_error(message: str) -> LmcacheValkeyError:
         for start, cls in _UPSTREAM_ERRORS:
             if message.startswith(start):
                 return cls(message)
-    if code == "NOHELLO":
-        return NoFabricSession(message)
-    if code == "NOPROOF":
-        return PeerNotProven(message)
-    if code == "BADREGION":
-        return OutsideRegions(message)
-    if code == "BADWINDOW":
-        return WindowTooSmall(message)
-    if code == "XFERFAILED":
-        return TransferFailed(message)
-    if code == "TIMEOUT":
-        m = _INFLIGHT.search(message)
-        return ServerDeadline(message, int(m.group(1)) if m else 1)
-    if code == "NOFABRIC":
-        return FabricUnavailable(message)
-    return server_error(message)
+    return _CODES.get(code, server_error)(message)

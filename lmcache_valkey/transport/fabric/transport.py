@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 
 DATA_PATHS = ("rma", "bulk")
 
+# ``_op``'s callbacks. ``ArgsFor(ms)``: the command, given the milliseconds the server may
+# take (or ``(_PIPELINE, [cmd, ...])``: plain commands in one round trip); ``After(reply)``:
+# runs in the op's task once the reply arrived (copy-out of staged bytes), its result is the
+# op's; ``Over()``: the buffers the op keeps (``keep``) may be reused.
+ArgsFor = Callable[[int], Sequence[Any]]
+After = Callable[[Any], Any]
+Over = Callable[[], None]
+
 
 class FabricTransport:
     """Async GET/SET of values into/out of registered buffers through a BLOB.* endpoint.
@@ -205,7 +213,7 @@ class FabricTransport:
                 self._stats["released_after_revocation"] += 1
                 over()
 
-    def _unconfirmed(self, link: FabricLink | None, keep: Any, over: Callable[[], None] | None) -> None:
+    def _unconfirmed(self, link: FabricLink | None, keep: object, over: Over | None) -> None:
         """A transfer's end is unknown: its buffers go only once ``link`` is closed."""
         if over is None and keep is None:
             return
@@ -228,8 +236,8 @@ class FabricTransport:
 
     # -- one operation --------------------------------------------------------------------
 
-    async def _op(self, link: Any, args_for: Any, keep: Any, deadline: float, after: Any = None,
-                  over: Any = None) -> Any:
+    async def _op(self, link: "FabricLink | _CurrentLink | None", args_for: ArgsFor, keep: object, deadline: float,
+                  after: After | None = None, over: Over | None = None) -> Any:
         """Runs one command on a pooled connection. ``args_for(timeout_ms)`` builds it.
         Runs as its own task so that a cancelled caller never cuts it short.
 
@@ -290,8 +298,8 @@ class FabricTransport:
             if over:
                 over()
 
-    async def _call(self, args_for: Any, keep: Any, timeout: float, after: Any = None, over: Any = None,
-                    link: Any = None) -> Any:
+    async def _call(self, args_for: ArgsFor, keep: object, timeout: float, after: After | None = None,
+                    over: Over | None = None, link: "FabricLink | _CurrentLink | None" = None) -> Any:
         if self._closed:  # an op started during close() would outlive the endpoint it uses
             if over:
                 over()
@@ -647,7 +655,13 @@ def _as_result(value: Any) -> Any:
 
 
 _PIPELINE = object()  # marks a pipelined batch of plain commands in ``_op``
-_SESSION: Any = object()  # ``_op``'s link: whichever link is current
+
+
+class _CurrentLink:
+    """``_op``'s link: whichever link is current when the command starts."""
+
+
+_SESSION = _CurrentLink()
 
 
 def _forget_task(tasks: set[asyncio.Task]) -> Any:

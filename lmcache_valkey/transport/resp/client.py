@@ -27,6 +27,7 @@ from ...errors import (
     Redirect,
     ServerError,
     TransportError,
+    TryAgain,
 )
 from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
 from .connection import SMALL_JOIN, make_ssl_context
@@ -294,7 +295,7 @@ class RespClient:
                                 moved = True
                             results[op.index] = PENDING
                             redo.append(op)
-                        elif isinstance(r, ServerError) and r.prefix == "TRYAGAIN" and attempt < MAX_REDIRECTS:
+                        elif isinstance(r, TryAgain) and attempt < MAX_REDIRECTS:
                             op.asking = False
                             op.node = None
                             results[op.index] = PENDING
@@ -412,7 +413,7 @@ class RespClient:
             if isinstance(values, BaseException):
                 raise values
             for i, v in zip(idxs, values):
-                if isinstance(v, Redirect) or (isinstance(v, ServerError) and v.prefix == "TRYAGAIN"):
+                if isinstance(v, (Redirect, TryAgain)):
                     redirected.append(i)
                 out[i] = v
         if redirected:  # slots moved under us: per key, following redirections
