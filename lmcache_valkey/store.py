@@ -47,19 +47,29 @@ Buffer = bytes | bytearray | memoryview
 
 
 class ChunkTransport(Protocol):
-    """What the store needs from a transport (RespClient, FabricTransport).
+    """What the store needs from a transport: ``RespClient``, ``BlobTcpClient``,
+    ``FabricTransport``, ``ClusterFabricTransport``, ``MemoryTransport`` (each checked
+    against this declaration by tests/unit/test_transport_contract.py).
 
     ``get_many_into`` scatters each value into its buffers (a :class:`codec.PayloadSink`,
     whose ``crc`` a transport may fill in as bytes arrive) and returns the value's length,
-    ``None`` when absent, or a per-item error. A transport whose *server* writes into the
-    buffers (RMA) sets ``supports_release_callbacks = True`` and accepts
-    ``on_release=[callable per item]``, each called once nothing can touch that item's
-    buffers any more.
+    ``None`` when absent, or a per-item error. ``supports_release_callbacks``: the *server*
+    writes into the buffers (RMA), so ``get_many_into`` also takes ``on_release=[callable
+    per item]``, each called once nothing can touch that item's buffers any more.
+    ``register``: a caller-owned arena the server's transfers use, registered once; False
+    when the transport needs none. ``getrange_into``: the start of a value (a header)
+    without moving the rest.
     """
+
+    supports_release_callbacks: bool
 
     async def get_many_into(
         self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
     ) -> list[int | None | TransportError]: ...
+
+    async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None: ...
+
+    def register(self, addr: int, length: int) -> bool: ...
 
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[Buffer]]], *, ttl_s: float | None, timeout: float
@@ -266,7 +276,7 @@ class ChunkStore:
             return []
         started = time.perf_counter()
         deadline = started + self.settings.op_timeout_s
-        rel = _Releases(len(items), on_release, getattr(self.transport, "supports_release_callbacks", False))
+        rel = _Releases(len(items), on_release, self.transport.supports_release_callbacks)
         try:
             results = await self._read_round(items, deadline, rel=rel, accept=accept, layout=layout)
             if self.tiers is not None:
@@ -563,15 +573,10 @@ class ChunkStore:
         keys = [self.namespace.data_key(c) for c in chunk_ids]
         bufs = [bytearray(HEADER_SIZE) for _ in keys]
         timeout = self.settings.op_timeout_s
-        getrange = getattr(self.transport, "getrange_into", None)
         try:
-            if getrange is not None:
-                got = await asyncio.wait_for(asyncio.gather(
-                    *(getrange(k, 0, memoryview(b), timeout=timeout) for k, b in zip(keys, bufs)),
-                    return_exceptions=True), timeout + _GRACE_S)
-            else:
-                got = await asyncio.wait_for(self.transport.get_many_into(
-                    [(k, [memoryview(b)]) for k, b in zip(keys, bufs)], timeout=timeout), timeout + _GRACE_S)
+            got = await asyncio.wait_for(asyncio.gather(
+                *(self.transport.getrange_into(k, 0, memoryview(b), timeout=timeout) for k, b in zip(keys, bufs)),
+                return_exceptions=True), timeout + _GRACE_S)
         except (TransportError, asyncio.TimeoutError) as e:
             log.warning("reading %d chunk headers failed: %s", len(keys), e)
             return [None] * len(keys)
@@ -593,10 +598,8 @@ class ChunkStore:
 
         Returns False when the transport needs no registration.
         """
-        register = getattr(self.transport, "register", None)
-        if register is None:
+        if not self.transport.register(addr, length):
             return False
-        register(addr, length)
         metrics.set_registered_bytes(length)
         return True
 

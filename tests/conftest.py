@@ -11,6 +11,8 @@ bucket: ``(endpoint_url, bucket)``). ``ValkeyServer`` and
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import sys
 from typing import Iterator
@@ -29,6 +31,17 @@ from support.servers import (  # noqa: E402
 )
 
 __all__ = ["ValkeyServer", "ValkeyCluster"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """An ``async def`` test runs on its own event loop (``asyncio.run``), with its fixtures
+    as arguments: no hand-written ``asyncio.run(main())`` wrapper in the test, no plugin."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    params = inspect.signature(pyfuncitem.obj).parameters
+    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in params}))
+    return True
 
 
 @pytest.fixture

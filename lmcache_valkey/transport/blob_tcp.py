@@ -22,6 +22,7 @@ import time
 from typing import Any, Sequence
 
 from ..errors import FabricUnavailable, ServerError, TransportError
+from . import read_window
 from .fabric import commands
 from .resp import RespClient
 from .resp.parser import encode_command
@@ -39,7 +40,10 @@ def probe_key(settings: Any) -> bytes:
 class BlobTcpClient(RespClient):
     GET_VERB = commands.TCP_GET.encode()
     SET_VERB = commands.TCP_SET.encode()
-    getrange_into = None  # large objects have no range read (the store then GETs a header-sized window)
+
+    async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
+        """Large objects have no range read: the value's start through a header-sized window."""
+        return await read_window(self, key, start, buf, timeout)
 
     async def start(self) -> None:
         await super().start()

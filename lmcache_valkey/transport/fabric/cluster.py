@@ -23,6 +23,7 @@ from lmcache_valkey.config import Node
 from lmcache_valkey.errors import ConnectionLost, Redirect, TransportError
 
 from ..resp.cluster import SlotMap, key_slot, parse_cluster_slots
+from .. import read_window
 from .transport import FabricTransport, ReleaseBarrier
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,11 @@ class ClusterFabricTransport:
 
     # -- registration ------------------------------------------------------------------------
 
-    def register(self, addr: int, length: int, *, cuda_device: int | None = None) -> None:
+    def register(self, addr: int, length: int, *, cuda_device: int | None = None) -> bool:
         self._ranges.append(("register", (addr, length), {"cuda_device": cuda_device}))
         for t in self._nodes.values():
             t.register(addr, length, cuda_device=cuda_device)
+        return True
 
     def register_buffer(self, buf: Any) -> None:
         self._ranges.append(("register_buffer", (buf,), {}))
@@ -158,6 +160,10 @@ class ClusterFabricTransport:
             for r in releases:
                 r.drop()  # the call's own hold
         return results
+
+    async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
+        """The start of a value through a window of ``len(buf)`` bytes (``start`` 0 only)."""
+        return await read_window(self, key, start, buf, timeout)
 
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[Any]]], *, ttl_s: float | None, timeout: float

@@ -34,6 +34,7 @@ from lmcache_valkey.errors import (
     TransportError,
 )
 
+from .. import read_window
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
@@ -488,6 +489,11 @@ class FabricTransport:
             *(self.get_into(k, b, timeout, on_release=r) for (k, b), r in zip(items, rel)), return_exceptions=True
         )
         return [_as_result(g) for g in got]
+
+    async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
+        """The start of a value through a window of ``len(buf)`` bytes (``start`` 0 only): an
+        RMA read of that window, or the bulk path."""
+        return await read_window(self, key, start, buf, timeout)
 
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[Any]]], *, ttl_s: float | None, timeout: float

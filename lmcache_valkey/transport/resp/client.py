@@ -351,6 +351,14 @@ class RespClient:
         ops = [_get_op(i, k, bufs, self.GET_VERB) for i, (k, bufs) in enumerate(items)]
         return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
 
+    # The store's transport contract (store.ChunkTransport): the client reads replies into
+    # the caller's buffers itself, so a buffer is free once a call returned or raised, and
+    # there is nothing to register.
+    supports_release_callbacks = False
+
+    def register(self, addr: int, length: int) -> bool:
+        return False
+
     async def getrange_into(self, key: bytes, start: int, buf: memoryview, *, timeout: float) -> int | None:
         """GETRANGE into ``buf`` (for reading a header); bytes read, None if the key is absent or shorter than ``start``."""
         mv = as_byte_view(buf, writable=True)
