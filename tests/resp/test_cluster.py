@@ -31,165 +31,155 @@ def test_key_slot_matches_server(valkey_cluster) -> None:
         assert key_slot(k) == s.cmd("CLUSTER", "KEYSLOT", k), k
 
 
-def test_cluster_batch_split_per_node(valkey_cluster) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_cluster.settings())
-        await c.start()
-        try:
-            assert c.is_cluster and len(c.primaries()) == 3
-            values = {b"chunk:%d" % i: os.urandom(256 * 1024 + i) for i in range(60)}
-            owners = {c._route(k) for k in values}
-            assert len(owners) == 3  # the batch really spans every node
-            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 60
-            dests = {k: bytearray(len(v)) for k, v in values.items()}
-            res = await c.get_many_into([(k, [memoryview(d)]) for k, d in dests.items()], timeout=20)
-            assert res == [len(v) for v in values.values()]
-            assert all(dests[k] == v for k, v in values.items())
-            # control commands and GETRANGE are routed by key
-            k0 = next(iter(values))
-            assert await c.command("STRLEN", k0, key=k0, timeout=2) == len(values[k0])
-            head = bytearray(100)
-            assert await c.getrange_into(k0, 10, memoryview(head), timeout=2) == 100 and head == values[k0][10:110]
-            # exists_many: one round trip per node, never one per key
-            keys = list(values) + [b"nope:%d" % i for i in range(200)]
-            before = c.round_trips()
-            assert await c.exists_many(keys, timeout=5) == [True] * 60 + [False] * 200
-            after = c.round_trips()
-            assert {n: after[n] - before.get(n, 0) for n in after} == {n.name: 1 for n in c.primaries()}
-            # delete across slots, scan across primaries, commands on all primaries
-            found = sorted([k async for k in c.scan_iter(b"chunk:*", count=50)])
-            assert found == sorted(values)
-            assert await c.delete(list(values)[:30], timeout=5) == 30
-            sizes = await c.command_all_primaries("DBSIZE", timeout=5)
-            assert sum(sizes) == 30
-            await c.ping(timeout=2)
-        finally:
-            await c.close()
-
-    asyncio.run(main())
+async def test_cluster_batch_split_per_node(valkey_cluster) -> None:
+    c = RespClient(valkey_cluster.settings())
+    await c.start()
+    try:
+        assert c.is_cluster and len(c.primaries()) == 3
+        values = {b"chunk:%d" % i: os.urandom(256 * 1024 + i) for i in range(60)}
+        owners = {c._route(k) for k in values}
+        assert len(owners) == 3  # the batch really spans every node
+        assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 60
+        dests = {k: bytearray(len(v)) for k, v in values.items()}
+        res = await c.get_many_into([(k, [memoryview(d)]) for k, d in dests.items()], timeout=20)
+        assert res == [len(v) for v in values.values()]
+        assert all(dests[k] == v for k, v in values.items())
+        # control commands and GETRANGE are routed by key
+        k0 = next(iter(values))
+        assert await c.command("STRLEN", k0, key=k0, timeout=2) == len(values[k0])
+        head = bytearray(100)
+        assert await c.getrange_into(k0, 10, memoryview(head), timeout=2) == 100 and head == values[k0][10:110]
+        # exists_many: one round trip per node, never one per key
+        keys = list(values) + [b"nope:%d" % i for i in range(200)]
+        before = c.round_trips()
+        assert await c.exists_many(keys, timeout=5) == [True] * 60 + [False] * 200
+        after = c.round_trips()
+        assert {n: after[n] - before.get(n, 0) for n in after} == {n.name: 1 for n in c.primaries()}
+        # delete across slots, scan across primaries, commands on all primaries
+        found = sorted([k async for k in c.scan_iter(b"chunk:*", count=50)])
+        assert found == sorted(values)
+        assert await c.delete(list(values)[:30], timeout=5) == 30
+        sizes = await c.command_all_primaries("DBSIZE", timeout=5)
+        assert sum(sizes) == 30
+        await c.ping(timeout=2)
+    finally:
+        await c.close()
 
 
-def test_moved_after_slot_migration(valkey_cluster) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_cluster.settings())
-        await c.start()
-        try:
-            key = b"moving-key"
-            value = os.urandom(2 * MiB)
-            await c.set(key, [value], ttl_s=None, timeout=10)
-            slot = key_slot(key)
-            src = valkey_cluster.owner_of(slot)
-            dst = next(s for s in valkey_cluster.servers if s is not src)
-            valkey_cluster.migrate_slot(slot, dst)
-            assert c._map.node_for(slot) == src.node  # the client's map is stale now
-            assert await c.exists_many([key, b"absent-key"], timeout=5) == [True, False]  # re-asked after MOVED
-            c._map.set(slot, src.node)  # stale again, for the GET below
-            dest = bytearray(len(value))
-            assert await c.get_into(key, [memoryview(dest)], timeout=10) == len(value)  # follows MOVED
-            assert dest == value
-            assert c._map.node_for(slot) == dst.node
-            # a batch that mixes moved and unmoved keys, after a second migration
-            valkey_cluster.migrate_slot(slot, src)
-            others = {b"other:%d" % i: os.urandom(1000) for i in range(10)}
-            await c.set_many([(k, [v]) for k, v in others.items()], ttl_s=None, timeout=10)
-            bufs = {k: bytearray(len(value)) for k in [key, *others]}
-            res = await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10)
-            assert res == [len(value)] + [1000] * 10
-            assert bufs[key] == value and all(bufs[k][:1000] == v for k, v in others.items())
-            await c.refresh_topology()
-            assert c._map.node_for(slot) == src.node
-        finally:
-            await c.close()
 
-    asyncio.run(main())
+async def test_moved_after_slot_migration(valkey_cluster) -> None:
+    c = RespClient(valkey_cluster.settings())
+    await c.start()
+    try:
+        key = b"moving-key"
+        value = os.urandom(2 * MiB)
+        await c.set(key, [value], ttl_s=None, timeout=10)
+        slot = key_slot(key)
+        src = valkey_cluster.owner_of(slot)
+        dst = next(s for s in valkey_cluster.servers if s is not src)
+        valkey_cluster.migrate_slot(slot, dst)
+        assert c._map.node_for(slot) == src.node  # the client's map is stale now
+        assert await c.exists_many([key, b"absent-key"], timeout=5) == [True, False]  # re-asked after MOVED
+        c._map.set(slot, src.node)  # stale again, for the GET below
+        dest = bytearray(len(value))
+        assert await c.get_into(key, [memoryview(dest)], timeout=10) == len(value)  # follows MOVED
+        assert dest == value
+        assert c._map.node_for(slot) == dst.node
+        # a batch that mixes moved and unmoved keys, after a second migration
+        valkey_cluster.migrate_slot(slot, src)
+        others = {b"other:%d" % i: os.urandom(1000) for i in range(10)}
+        await c.set_many([(k, [v]) for k, v in others.items()], ttl_s=None, timeout=10)
+        bufs = {k: bytearray(len(value)) for k in [key, *others]}
+        res = await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10)
+        assert res == [len(value)] + [1000] * 10
+        assert bufs[key] == value and all(bufs[k][:1000] == v for k, v in others.items())
+        await c.refresh_topology()
+        assert c._map.node_for(slot) == src.node
+    finally:
+        await c.close()
 
 
-def test_ask_during_migration(valkey_cluster) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_cluster.settings(cluster="yes"))
-        await c.start()
-        try:
-            key = b"asked"
-            slot = key_slot(key)
-            src = valkey_cluster.owner_of(slot)
-            dst = next(s for s in valkey_cluster.servers if s is not src)
-            value = os.urandom(300_000)
-            await c.set(key, [value], ttl_s=None, timeout=5)
-            dst.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", valkey_cluster.node_id(src))
-            src.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", valkey_cluster.node_id(dst))
-            src.cmd("MIGRATE", dst.host, dst.port, key, 0, 5000)  # key moved, slot not yet
-            dest = bytearray(len(value))
-            assert await c.get_into(key, [memoryview(dest)], timeout=5) == len(value)  # via ASK + ASKING
-            assert dest == value
-            assert c._map.node_for(slot) == src.node  # ASK does not change the map
-            assert await c.exists_many([key], timeout=5) == [True]
-            for s in valkey_cluster.servers:
-                s.cmd("CLUSTER", "SETSLOT", slot, "NODE", valkey_cluster.node_id(dst))
-        finally:
-            await c.close()
 
-    asyncio.run(main())
+async def test_ask_during_migration(valkey_cluster) -> None:
+    c = RespClient(valkey_cluster.settings(cluster="yes"))
+    await c.start()
+    try:
+        key = b"asked"
+        slot = key_slot(key)
+        src = valkey_cluster.owner_of(slot)
+        dst = next(s for s in valkey_cluster.servers if s is not src)
+        value = os.urandom(300_000)
+        await c.set(key, [value], ttl_s=None, timeout=5)
+        dst.cmd("CLUSTER", "SETSLOT", slot, "IMPORTING", valkey_cluster.node_id(src))
+        src.cmd("CLUSTER", "SETSLOT", slot, "MIGRATING", valkey_cluster.node_id(dst))
+        src.cmd("MIGRATE", dst.host, dst.port, key, 0, 5000)  # key moved, slot not yet
+        dest = bytearray(len(value))
+        assert await c.get_into(key, [memoryview(dest)], timeout=5) == len(value)  # via ASK + ASKING
+        assert dest == value
+        assert c._map.node_for(slot) == src.node  # ASK does not change the map
+        assert await c.exists_many([key], timeout=5) == [True]
+        for s in valkey_cluster.servers:
+            s.cmd("CLUSTER", "SETSLOT", slot, "NODE", valkey_cluster.node_id(dst))
+    finally:
+        await c.close()
 
 
-def test_cluster_no_uses_only_first_seed(valkey_cluster) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_cluster.settings(cluster="no"))
-        await c.start()
-        try:
-            assert not c.is_cluster
-            # keys owned by another node answer MOVED; standalone mode reports it, typed
-            key = next(b"k%d" % i for i in range(100) if valkey_cluster.owner_of(key_slot(b"k%d" % i)).port
-                       != valkey_cluster.servers[0].port)
-            res = await c.get_many_into([(key, [memoryview(bytearray(4))])], timeout=5)
-            assert getattr(res[0], "prefix", None) == "MOVED"
-        finally:
-            await c.close()
 
-    asyncio.run(main())
+async def test_cluster_no_uses_only_first_seed(valkey_cluster) -> None:
+    c = RespClient(valkey_cluster.settings(cluster="no"))
+    await c.start()
+    try:
+        assert not c.is_cluster
+        # keys owned by another node answer MOVED; standalone mode reports it, typed
+        key = next(b"k%d" % i for i in range(100) if valkey_cluster.owner_of(key_slot(b"k%d" % i)).port
+                   != valkey_cluster.servers[0].port)
+        res = await c.get_many_into([(key, [memoryview(bytearray(4))])], timeout=5)
+        assert getattr(res[0], "prefix", None) == "MOVED"
+    finally:
+        await c.close()
 
 
-def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_cluster.settings(connections_per_node=2))
-        await c.start()
-        try:
-            values = {b"kv:%d" % i: os.urandom(MiB) for i in range(30)}
-            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 30
-            victim = valkey_cluster.servers[1]
-            on_victim = {k for k in values if c._route(k) == victim.node}
-            assert on_victim and len(on_victim) < 30
-            bufs = {k: bytearray(MiB) for k in values}
-            os.kill(victim.pid, signal.SIGSTOP)  # frozen: its GETs stay unanswered
-            batch = asyncio.ensure_future(c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=20))
-            for _ in range(2000):  # until the batch is waiting on the victim
-                if any(conn.busy for conn in c._pools[victim.node]._all):
-                    break
-                await asyncio.sleep(0.001)
-            victim.kill9()  # SIGKILL works on a stopped process
-            res = dict(zip(values, await batch))
-            for k, r in res.items():
-                if k in on_victim:
-                    assert isinstance(r, ConnectionLost), r
-                else:
-                    assert r == MiB and bufs[k] == values[k]
-            assert any(isinstance(res[k], ConnectionLost) for k in on_victim), [res[k] for k in on_victim]
-            with pytest.raises(ConnectionLost):
-                await c.exists_many(list(values), timeout=5)
-            # the node comes back on its port with its nodes.conf: same id, same slots (data gone)
-            victim.restart()
-            valkey_cluster.wait_ok()
-            k = next(iter(on_victim))
-            for _ in range(100):
-                try:
-                    found = await c.exists_many(list(values), timeout=2)
-                    break
-                except (ConnectionLost, ServerError):
-                    await asyncio.sleep(0.05)
-            assert found == [key not in on_victim for key in values]
-            await c.set(k, [b"back"], ttl_s=None, timeout=5)
-            buf = bytearray(4)
-            assert await c.get_into(k, [memoryview(buf)], timeout=5) == 4 and buf == b"back"
-        finally:
-            await c.close()
 
-    asyncio.run(main())
+async def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> None:
+    c = RespClient(valkey_cluster.settings(connections_per_node=2))
+    await c.start()
+    try:
+        values = {b"kv:%d" % i: os.urandom(MiB) for i in range(30)}
+        assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=20) == [None] * 30
+        victim = valkey_cluster.servers[1]
+        on_victim = {k for k in values if c._route(k) == victim.node}
+        assert on_victim and len(on_victim) < 30
+        bufs = {k: bytearray(MiB) for k in values}
+        os.kill(victim.pid, signal.SIGSTOP)  # frozen: its GETs stay unanswered
+        batch = asyncio.ensure_future(c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=20))
+        for _ in range(2000):  # until the batch is waiting on the victim
+            if any(conn.busy for conn in c._pools[victim.node]._all):
+                break
+            await asyncio.sleep(0.001)
+        victim.kill9()  # SIGKILL works on a stopped process
+        res = dict(zip(values, await batch))
+        for k, r in res.items():
+            if k in on_victim:
+                assert isinstance(r, ConnectionLost), r
+            else:
+                assert r == MiB and bufs[k] == values[k]
+        assert any(isinstance(res[k], ConnectionLost) for k in on_victim), [res[k] for k in on_victim]
+        with pytest.raises(ConnectionLost):
+            await c.exists_many(list(values), timeout=5)
+        # the node comes back on its port with its nodes.conf: same id, same slots (data gone)
+        victim.restart()
+        valkey_cluster.wait_ok()
+        k = next(iter(on_victim))
+        for _ in range(100):
+            try:
+                found = await c.exists_many(list(values), timeout=2)
+                break
+            except (ConnectionLost, ServerError):
+                await asyncio.sleep(0.05)
+        assert found == [key not in on_victim for key in values]
+        await c.set(k, [b"back"], ttl_s=None, timeout=5)
+        buf = bytearray(4)
+        assert await c.get_into(k, [memoryview(buf)], timeout=5) == 4 and buf == b"back"
+    finally:
+        await c.close()
+

@@ -49,7 +49,7 @@ class Stopped:
 
 
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
-def test_interrupted_get_never_writes_into_the_buffer_afterwards(valkey_server, how: str, monkeypatch) -> None:
+async def test_interrupted_get_never_writes_into_the_buffer_afterwards(valkey_server, how: str, monkeypatch) -> None:
     from lmcache_valkey.transport.resp import connection
 
     # Small kernel buffers and short read bursts, so the transfer is surely
@@ -57,185 +57,173 @@ def test_interrupted_get_never_writes_into_the_buffer_afterwards(valkey_server, 
     monkeypatch.setattr(connection, "SOCK_BUF", 64 * 1024)
     monkeypatch.setattr(connection, "GREEDY_MAX", 256 * 1024)
 
-    async def main() -> None:
-        c = RespClient(valkey_server.settings(connections_per_node=1))
-        await c.start()
-        try:
-            value = os.urandom(32 * MiB)
-            await c.set(b"big", [value], ttl_s=None, timeout=30)
-            buf = bytearray(32 * MiB)
-            task = asyncio.ensure_future(c.get_into(b"big", [memoryview(buf)], timeout=30 if how == "cancel" else 2))
-            await _wait_until_filling(c)
-            (conn,) = _conns(c)
-            with Stopped(valkey_server):  # freeze the transfer half-way
-                if how == "cancel":
-                    task.cancel()
-                    with pytest.raises(asyncio.CancelledError):
-                        await task
-                else:
-                    with pytest.raises(DeadlineExceeded):
-                        await task
-                # the connection was aborted before the exception reached us
-                assert conn.broken and conn.transport.is_closing() and not conn.busy
-                assert conn not in _conns(c)
-                buf[:] = bytes(len(buf))
-            # the server resumes writing; none of it may land in buf any more
-            for _ in range(50):
-                await asyncio.sleep(0.01)
-            assert not any(buf)
-            # a later get into the same buffer is byte-exact
-            assert await c.get_into(b"big", [memoryview(buf)], timeout=30) == len(value)
-            assert buf == value
-        finally:
-            await c.close()
-
-    asyncio.run(main())
-
-
-def test_deadline_on_a_frozen_server_and_pool_waiters(valkey_server) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_server.settings(connections_per_node=1))
-        await c.start()
-        try:
-            await c.set(b"k", [b"v" * 100], ttl_s=None, timeout=5)
-            with Stopped(valkey_server):
-                # one get holds the only connection; the others wait for it; all hit the deadline
-                outs = await asyncio.gather(
-                    *(c.get_into(b"k", [memoryview(bytearray(100))], timeout=0.3) for _ in range(5)),
-                    return_exceptions=True,
-                )
-                assert all(isinstance(o, DeadlineExceeded) for o in outs), outs
-                res = await c.get_many_into([(b"k", [memoryview(bytearray(100))])] * 3, timeout=0.3)
-                assert all(isinstance(r, DeadlineExceeded) for r in res), res
+    c = RespClient(valkey_server.settings(connections_per_node=1))
+    await c.start()
+    try:
+        value = os.urandom(32 * MiB)
+        await c.set(b"big", [value], ttl_s=None, timeout=30)
+        buf = bytearray(32 * MiB)
+        task = asyncio.ensure_future(c.get_into(b"big", [memoryview(buf)], timeout=30 if how == "cancel" else 2))
+        await _wait_until_filling(c)
+        (conn,) = _conns(c)
+        with Stopped(valkey_server):  # freeze the transfer half-way
+            if how == "cancel":
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
                 with pytest.raises(DeadlineExceeded):
-                    await c.exists_many([b"k"] * 10, timeout=0.3)
-                errs = await c.set_many([(b"s%d" % i, [os.urandom(MiB)]) for i in range(4)], ttl_s=None, timeout=0.3)
-                assert all(isinstance(e, DeadlineExceeded) for e in errs)
-            assert await c.get_into(b"k", [memoryview(bytearray(100))], timeout=5) == 100
-        finally:
-            await c.close()
-
-    asyncio.run(main())
-
-
-def test_server_killed_mid_batch_then_recovers(valkey_server) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_server.settings(connections_per_node=4))
-        await c.start()
-        try:
-            values = {b"v%d" % i: os.urandom(4 * MiB) for i in range(32)}
-            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=30) == [None] * 32
-            bufs = {k: bytearray(4 * MiB) for k in values}
-            batch = asyncio.ensure_future(
-                c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=20)
-            )
-            await _wait_until_filling(c)
-            valkey_server.kill9()
-            res = await batch  # returns (errors as values), long before its deadline
-            assert all(isinstance(r, (int, TransportError)) for r in res)
-            assert any(isinstance(r, ConnectionLost) for r in res)
-            for (k, v), r in zip(values.items(), res):
-                if isinstance(r, int):
-                    assert bufs[k] == v
-            # while down: fail fast, typed
-            with pytest.raises(ConnectionLost):
-                await c.exists_many([b"v1"], timeout=5)
-            res = await c.get_many_into([(b"v1", [memoryview(bytearray(8))])], timeout=5)
-            assert isinstance(res[0], ConnectionLost)
-            # restart on the same port (empty: no persistence); the client reconnects with back-off
-            valkey_server.restart()
-            for _ in range(100):
-                try:
-                    await c.set(b"again", [b"x" * 10], ttl_s=None, timeout=2)
-                    break
-                except ConnectionLost:
-                    await asyncio.sleep(0.05)
-            buf = bytearray(10)
-            assert await c.get_into(b"again", [memoryview(buf)], timeout=5) == 10 and buf == b"x" * 10
-            assert await c.exists_many([b"again", b"v1"], timeout=5) == [True, False]
-        finally:
-            await c.close()
-
-    asyncio.run(main())
+                    await task
+            # the connection was aborted before the exception reached us
+            assert conn.broken and conn.transport.is_closing() and not conn.busy
+            assert conn not in _conns(c)
+            buf[:] = bytes(len(buf))
+        # the server resumes writing; none of it may land in buf any more
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert not any(buf)
+        # a later get into the same buffer is byte-exact
+        assert await c.get_into(b"big", [memoryview(buf)], timeout=30) == len(value)
+        assert buf == value
+    finally:
+        await c.close()
 
 
-def test_close_never_hangs_with_ops_in_flight(valkey_server) -> None:
-    async def main() -> None:
-        c = RespClient(valkey_server.settings(connections_per_node=2))
-        await c.start()
-        await c.set(b"k", [os.urandom(MiB)], ttl_s=None, timeout=5)
+
+async def test_deadline_on_a_frozen_server_and_pool_waiters(valkey_server) -> None:
+    c = RespClient(valkey_server.settings(connections_per_node=1))
+    await c.start()
+    try:
+        await c.set(b"k", [b"v" * 100], ttl_s=None, timeout=5)
         with Stopped(valkey_server):
-            tasks = [asyncio.ensure_future(c.get_into(b"k", [memoryview(bytearray(MiB))], timeout=60))
-                     for _ in range(5)]
-            tasks.append(asyncio.ensure_future(c.exists_many([b"k"] * 100, timeout=60)))
-            tasks.append(asyncio.ensure_future(c.set(b"s", [os.urandom(8 * MiB)], ttl_s=None, timeout=60)))
-            for _ in range(20):
-                await asyncio.sleep(0)
-            await c.close()
-            outs = await asyncio.gather(*tasks, return_exceptions=True)
-            assert all(isinstance(o, ConnectionLost) for o in outs), outs
-            await c.close()
-        with pytest.raises(ConnectionLost):
-            await c.get_into(b"k", [memoryview(bytearray(8))], timeout=1)
-
-    asyncio.run(main())
-
-
-def test_acl_user_limited_to_key_pattern(valkey_server) -> None:
-    async def main() -> None:
-        valkey_server.cmd("ACL", "SETUSER", "tenant_a", "on", ">pw-a", "~a:*", "+@all")
-        c = RespClient(valkey_server.settings(username="tenant_a", password="pw-a"))
-        await c.start()
-        try:
-            await c.set(b"a:1", [b"mine"], ttl_s=None, timeout=2)
-            valkey_server.cmd("SET", "b:1", "theirs")
-            with pytest.raises(AuthError):
-                await c.set(b"b:2", [b"x"], ttl_s=None, timeout=2)
-            with pytest.raises(AuthError):
-                await c.get_into(b"b:1", [memoryview(bytearray(8))], timeout=2)
-            res = await c.get_many_into(
-                [(b"a:1", [memoryview(bytearray(8))]), (b"b:1", [memoryview(bytearray(8))])], timeout=2
+            # one get holds the only connection; the others wait for it; all hit the deadline
+            outs = await asyncio.gather(
+                *(c.get_into(b"k", [memoryview(bytearray(100))], timeout=0.3) for _ in range(5)),
+                return_exceptions=True,
             )
-            assert res[0] == 4 and isinstance(res[1], AuthError) and res[1].prefix == "NOPERM"
-            with pytest.raises(AuthError):
-                await c.exists_many([b"a:1", b"b:1"], timeout=2)
-            assert await c.exists_many([b"a:1", b"a:2"], timeout=2) == [True, False]
-        finally:
-            await c.close()
+            assert all(isinstance(o, DeadlineExceeded) for o in outs), outs
+            res = await c.get_many_into([(b"k", [memoryview(bytearray(100))])] * 3, timeout=0.3)
+            assert all(isinstance(r, DeadlineExceeded) for r in res), res
+            with pytest.raises(DeadlineExceeded):
+                await c.exists_many([b"k"] * 10, timeout=0.3)
+            errs = await c.set_many([(b"s%d" % i, [os.urandom(MiB)]) for i in range(4)], ttl_s=None, timeout=0.3)
+            assert all(isinstance(e, DeadlineExceeded) for e in errs)
+        assert await c.get_into(b"k", [memoryview(bytearray(100))], timeout=5) == 100
+    finally:
+        await c.close()
+
+
+
+async def test_server_killed_mid_batch_then_recovers(valkey_server) -> None:
+    c = RespClient(valkey_server.settings(connections_per_node=4))
+    await c.start()
+    try:
+        values = {b"v%d" % i: os.urandom(4 * MiB) for i in range(32)}
+        assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=30) == [None] * 32
+        bufs = {k: bytearray(4 * MiB) for k in values}
+        batch = asyncio.ensure_future(
+            c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=20)
+        )
+        await _wait_until_filling(c)
+        valkey_server.kill9()
+        res = await batch  # returns (errors as values), long before its deadline
+        assert all(isinstance(r, (int, TransportError)) for r in res)
+        assert any(isinstance(r, ConnectionLost) for r in res)
+        for (k, v), r in zip(values.items(), res):
+            if isinstance(r, int):
+                assert bufs[k] == v
+        # while down: fail fast, typed
+        with pytest.raises(ConnectionLost):
+            await c.exists_many([b"v1"], timeout=5)
+        res = await c.get_many_into([(b"v1", [memoryview(bytearray(8))])], timeout=5)
+        assert isinstance(res[0], ConnectionLost)
+        # restart on the same port (empty: no persistence); the client reconnects with back-off
+        valkey_server.restart()
+        for _ in range(100):
+            try:
+                await c.set(b"again", [b"x" * 10], ttl_s=None, timeout=2)
+                break
+            except ConnectionLost:
+                await asyncio.sleep(0.05)
+        buf = bytearray(10)
+        assert await c.get_into(b"again", [memoryview(buf)], timeout=5) == 10 and buf == b"x" * 10
+        assert await c.exists_many([b"again", b"v1"], timeout=5) == [True, False]
+    finally:
+        await c.close()
+
+
+
+async def test_close_never_hangs_with_ops_in_flight(valkey_server) -> None:
+    c = RespClient(valkey_server.settings(connections_per_node=2))
+    await c.start()
+    await c.set(b"k", [os.urandom(MiB)], ttl_s=None, timeout=5)
+    with Stopped(valkey_server):
+        tasks = [asyncio.ensure_future(c.get_into(b"k", [memoryview(bytearray(MiB))], timeout=60))
+                 for _ in range(5)]
+        tasks.append(asyncio.ensure_future(c.exists_many([b"k"] * 100, timeout=60)))
+        tasks.append(asyncio.ensure_future(c.set(b"s", [os.urandom(8 * MiB)], ttl_s=None, timeout=60)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        await c.close()
+        outs = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(o, ConnectionLost) for o in outs), outs
+        await c.close()
+    with pytest.raises(ConnectionLost):
+        await c.get_into(b"k", [memoryview(bytearray(8))], timeout=1)
+
+
+
+async def test_acl_user_limited_to_key_pattern(valkey_server) -> None:
+    valkey_server.cmd("ACL", "SETUSER", "tenant_a", "on", ">pw-a", "~a:*", "+@all")
+    c = RespClient(valkey_server.settings(username="tenant_a", password="pw-a"))
+    await c.start()
+    try:
+        await c.set(b"a:1", [b"mine"], ttl_s=None, timeout=2)
+        valkey_server.cmd("SET", "b:1", "theirs")
         with pytest.raises(AuthError):
-            await RespClient(valkey_server.settings(username="tenant_a", password="nope")).start()
+            await c.set(b"b:2", [b"x"], ttl_s=None, timeout=2)
+        with pytest.raises(AuthError):
+            await c.get_into(b"b:1", [memoryview(bytearray(8))], timeout=2)
+        res = await c.get_many_into(
+            [(b"a:1", [memoryview(bytearray(8))]), (b"b:1", [memoryview(bytearray(8))])], timeout=2
+        )
+        assert res[0] == 4 and isinstance(res[1], AuthError) and res[1].prefix == "NOPERM"
+        with pytest.raises(AuthError):
+            await c.exists_many([b"a:1", b"b:1"], timeout=2)
+        assert await c.exists_many([b"a:1", b"a:2"], timeout=2) == [True, False]
+    finally:
+        await c.close()
+    with pytest.raises(AuthError):
+        await RespClient(valkey_server.settings(username="tenant_a", password="nope")).start()
 
-    asyncio.run(main())
 
 
-def test_tls(valkey_tls_server) -> None:
-    async def main() -> None:
-        tls = valkey_tls_server.tls
-        s = valkey_tls_server.settings(tls_ca_file=tls.ca_file)
-        c = RespClient(s)
-        await c.start()
-        try:
-            for size in (100, 4 * MiB):
-                value = os.urandom(size)
-                await c.set(b"t%d" % size, [value[:512], memoryview(value)[512:]], ttl_s=None, timeout=10)
-                h, p = bytearray(512), bytearray(max(0, size - 512))
-                assert await c.get_into(b"t%d" % size, [memoryview(h), memoryview(p)], timeout=10) == size
-                assert bytes(h[:size]) + bytes(p) == value
-            values = {b"m%d" % i: os.urandom(MiB) for i in range(8)}
-            assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=10) == [None] * 8
-            bufs = {k: bytearray(MiB) for k in values}
-            assert await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10) == [MiB] * 8
-            assert all(bufs[k] == v for k, v in values.items())
-            assert await c.exists_many([b"m1", b"zz"], timeout=2) == [True, False]
-        finally:
-            await c.close()
-        # a client that does not trust the server's CA is refused, clearly
-        other = RespClient(replace(s, tls=replace(s.tls, ca_file=None)))
-        with pytest.raises(ConnectionLost) as ei:
-            await other.start()
-        assert "TLS" in str(ei.value)
+async def test_tls(valkey_tls_server) -> None:
+    tls = valkey_tls_server.tls
+    s = valkey_tls_server.settings(tls_ca_file=tls.ca_file)
+    c = RespClient(s)
+    await c.start()
+    try:
+        for size in (100, 4 * MiB):
+            value = os.urandom(size)
+            await c.set(b"t%d" % size, [value[:512], memoryview(value)[512:]], ttl_s=None, timeout=10)
+            h, p = bytearray(512), bytearray(max(0, size - 512))
+            assert await c.get_into(b"t%d" % size, [memoryview(h), memoryview(p)], timeout=10) == size
+            assert bytes(h[:size]) + bytes(p) == value
+        values = {b"m%d" % i: os.urandom(MiB) for i in range(8)}
+        assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=10) == [None] * 8
+        bufs = {k: bytearray(MiB) for k in values}
+        assert await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10) == [MiB] * 8
+        assert all(bufs[k] == v for k, v in values.items())
+        assert await c.exists_many([b"m1", b"zz"], timeout=2) == [True, False]
+    finally:
+        await c.close()
+    # a client that does not trust the server's CA is refused, clearly
+    other = RespClient(replace(s, tls=replace(s.tls, ca_file=None)))
+    with pytest.raises(ConnectionLost) as ei:
+        await other.start()
+    assert "TLS" in str(ei.value)
 
-    asyncio.run(main())
 
 
 def test_tls_client_certificate(tmp_path) -> None:

@@ -112,7 +112,7 @@ def test_the_lines_we_print_are_the_allow_lists(documented):
             acl.worker_line("default-workers", "default", password="A_PASSWORD", tiering=True)} <= set(values.values())
 
 
-def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
+async def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
     """With `+cluster|slots +asking` (and `cluster: yes`) a worker finds the slot map, stores and reads
     chunks on every shard, and no command is refused."""
     import asyncio
@@ -126,19 +126,17 @@ def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
     ns = make_namespace("lmcv", "team-a", {"model": "m"}, secret=b"team-a-secret-0123456789")
     settings = valkey_cluster.settings(username="team-a", password="pw", tenant="team-a", transport="tcp", cluster="yes")
 
-    async def main() -> None:
-        store = await open_store(settings, ns)
-        try:
-            assert store.transport.is_cluster
-            refs = [ChunkRef(ns.chunk_id(f"k{i}"), f"k{i}") for i in range(24)]
-            meta = ChunkMeta(shapes=((64,),), dtypes=("uint8",), fmt=0)
-            assert all(await store.put_many([(r, meta, memoryview(bytes([i]) * 64)) for i, r in enumerate(refs)]))
-            assert await store.contains_prefix([r.chunk_id for r in refs]) == len(refs)
-            assert await store.delete([r.chunk_id for r in refs[:3]]) == 3
-        finally:
-            await store.close()
+    store = await open_store(settings, ns)
+    try:
+        assert store.transport.is_cluster
+        refs = [ChunkRef(ns.chunk_id(f"k{i}"), f"k{i}") for i in range(24)]
+        meta = ChunkMeta(shapes=((64,),), dtypes=("uint8",), fmt=0)
+        assert all(await store.put_many([(r, meta, memoryview(bytes([i]) * 64)) for i, r in enumerate(refs)]))
+        assert await store.contains_prefix([r.chunk_id for r in refs]) == len(refs)
+        assert await store.delete([r.chunk_id for r in refs[:3]]) == 3
+    finally:
+        await store.close()
 
-    asyncio.run(main())
     shards = {s.port for s in valkey_cluster.servers if s.cmd("DBSIZE")}
     assert len(shards) == len(valkey_cluster.servers)  # chunks on every shard
     for s in valkey_cluster.servers:
@@ -153,7 +151,7 @@ def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
         finally:
             await store.close()
 
-    asyncio.run(auto())
+    await auto()
     refused = [dict(zip(e[::2], e[1::2]))[b"object"] for s in valkey_cluster.servers for e in s.cmd("ACL", "LOG")]
     assert refused == [b"info"]
 

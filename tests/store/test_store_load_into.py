@@ -36,20 +36,18 @@ class LateReleaseTransport:
         pass
 
 
-def test_load_into_returns_only_after_every_missed_buffer_is_released() -> None:
-    async def main() -> None:
-        transport = LateReleaseTransport(delay=0.2)
-        store = ChunkStore(Settings(), NS, transport, transport_name="fabric")
-        refs = [ChunkRef(NS.chunk_id(f"k{i}"), f"k{i}") for i in range(3)]
-        results = await store.load_into([(r, memoryview(bytearray(16))) for r in refs])
-        returned = asyncio.get_running_loop().time()
-        assert results == [None] * 3
-        assert len(transport.released_at) == 3 and max(transport.released_at) <= returned
-        # get_many_into itself does not wait: its caller owns the callbacks.
-        transport.released_at.clear()
-        await store.get_many_into([(refs[0], memoryview(bytearray(16)))], on_release=lambda i: None)
-        assert transport.released_at == []
-        await asyncio.sleep(0.3)
-        await store.close()
+async def test_load_into_returns_only_after_every_missed_buffer_is_released() -> None:
+    transport = LateReleaseTransport(delay=0.2)
+    store = ChunkStore(Settings(), NS, transport, transport_name="fabric")
+    refs = [ChunkRef(NS.chunk_id(f"k{i}"), f"k{i}") for i in range(3)]
+    results = await store.load_into([(r, memoryview(bytearray(16))) for r in refs])
+    returned = asyncio.get_running_loop().time()
+    assert results == [None] * 3
+    assert len(transport.released_at) == 3 and max(transport.released_at) <= returned
+    # get_many_into itself does not wait: its caller owns the callbacks.
+    transport.released_at.clear()
+    await store.get_many_into([(refs[0], memoryview(bytearray(16)))], on_release=lambda i: None)
+    assert transport.released_at == []
+    await asyncio.sleep(0.3)
+    await store.close()
 
-    asyncio.run(main())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -20,31 +19,27 @@ def refs(n: int) -> list[ChunkRef]:
     return [ChunkRef(NS.chunk_id(f"key-{i}"), f"key-{i}") for i in range(n)]
 
 
-def test_contains_each_answers_every_key_in_one_pass_while_prefix_stops_at_the_first_gap(valkey_server) -> None:
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp"), NS)
-        try:
-            r = refs(5)
-            stored = [r[0], r[2], r[4]]
-            assert all(await store.put_many([(x, META, memoryview(bytes(64))) for x in stored]))
-            ids = [x.chunk_id for x in r]
-            assert await store.contains_each(ids) == [True, False, True, False, True]
-            assert await store.contains_prefix(ids) == 1
-            assert await store.contains_each(list(reversed(ids))) == [True, False, True, False, True][::-1]
-            assert await store.contains_each([]) == []
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+async def test_contains_each_answers_every_key_in_one_pass_while_prefix_stops_at_the_first_gap(valkey_server) -> None:
+    store = await open_store(valkey_server.settings(transport="tcp"), NS)
+    try:
+        r = refs(5)
+        stored = [r[0], r[2], r[4]]
+        assert all(await store.put_many([(x, META, memoryview(bytes(64))) for x in stored]))
+        ids = [x.chunk_id for x in r]
+        assert await store.contains_each(ids) == [True, False, True, False, True]
+        assert await store.contains_prefix(ids) == 1
+        assert await store.contains_each(list(reversed(ids))) == [True, False, True, False, True][::-1]
+        assert await store.contains_each([]) == []
+    finally:
+        await store.close()
 
 
-def test_contains_each_with_a_dead_server_answers_misses_not_an_error(valkey_server) -> None:
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp", lookup_timeout_s=0.5, connect_timeout_s=0.5), NS)
-        try:
-            valkey_server.kill9()
-            assert await store.contains_each([x.chunk_id for x in refs(3)]) == [False, False, False]
-        finally:
-            await store.close()
 
-    asyncio.run(main())
+async def test_contains_each_with_a_dead_server_answers_misses_not_an_error(valkey_server) -> None:
+    store = await open_store(valkey_server.settings(transport="tcp", lookup_timeout_s=0.5, connect_timeout_s=0.5), NS)
+    try:
+        valkey_server.kill9()
+        assert await store.contains_each([x.chunk_id for x in refs(3)]) == [False, False, False]
+    finally:
+        await store.close()
+

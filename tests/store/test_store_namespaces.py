@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -15,24 +14,22 @@ pytestmark = pytest.mark.timeout(60)
 META = ChunkMeta(shapes=((16,),), dtypes=("uint8",), fmt=0)
 
 
-def test_a_view_for_another_namespace_shares_connections_and_keeps_chunks_apart(valkey_server) -> None:
+async def test_a_view_for_another_namespace_shares_connections_and_keeps_chunks_apart(valkey_server) -> None:
     a = make_namespace("lmcv", "default", {"layout": "a"})
     b = make_namespace("lmcv", "default", {"layout": "b"})
 
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp"), a)
-        view = store.for_namespace(b)
-        try:
-            assert view.transport is store.transport and view.namespace == b
-            ra, rb = ChunkRef(a.chunk_id("k"), "k"), ChunkRef(b.chunk_id("k"), "k")
-            assert await store.put(ra, META, memoryview(b"A" * 16))
-            assert await view.contains_prefix([rb.chunk_id]) == 0
-            assert await view.put(rb, META, memoryview(b"B" * 16))
-            dest = bytearray(16)
-            assert await view.get_into(rb, memoryview(dest)) is not None and dest == b"B" * 16
-            await view.close()  # the view owns nothing: the store still works
-            assert await store.get_into(ra, memoryview(dest)) is not None and dest == b"A" * 16
-        finally:
-            await store.close()
+    store = await open_store(valkey_server.settings(transport="tcp"), a)
+    view = store.for_namespace(b)
+    try:
+        assert view.transport is store.transport and view.namespace == b
+        ra, rb = ChunkRef(a.chunk_id("k"), "k"), ChunkRef(b.chunk_id("k"), "k")
+        assert await store.put(ra, META, memoryview(b"A" * 16))
+        assert await view.contains_prefix([rb.chunk_id]) == 0
+        assert await view.put(rb, META, memoryview(b"B" * 16))
+        dest = bytearray(16)
+        assert await view.get_into(rb, memoryview(dest)) is not None and dest == b"B" * 16
+        await view.close()  # the view owns nothing: the store still works
+        assert await store.get_into(ra, memoryview(dest)) is not None and dest == b"A" * 16
+    finally:
+        await store.close()
 
-    asyncio.run(main())

@@ -32,75 +32,69 @@ def split(buf: bytearray, sizes=SIZES) -> list[memoryview]:
     return out
 
 
-def test_parts_round_trip_and_mix_with_single_buffers(valkey_server) -> None:
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp"), NS)
-        try:
-            data = os.urandom(sum(SIZES))
-            # Parts scattered over a larger region, with gaps between them (like layers of a pool).
-            arena = bytearray(2 * sum(SIZES))
-            scattered = [memoryview(arena)[2 * sum(SIZES[:i]): 2 * sum(SIZES[:i]) + n] for i, n in enumerate(SIZES)]
-            at = 0
-            for p in scattered:
-                p[:] = data[at:at + p.nbytes]
-                at += p.nbytes
-            assert await store.put(ref("scattered"), META, scattered)
-            assert await store.put(ref("single"), META, memoryview(bytearray(data)))
+async def test_parts_round_trip_and_mix_with_single_buffers(valkey_server) -> None:
+    store = await open_store(valkey_server.settings(transport="tcp"), NS)
+    try:
+        data = os.urandom(sum(SIZES))
+        # Parts scattered over a larger region, with gaps between them (like layers of a pool).
+        arena = bytearray(2 * sum(SIZES))
+        scattered = [memoryview(arena)[2 * sum(SIZES[:i]): 2 * sum(SIZES[:i]) + n] for i, n in enumerate(SIZES)]
+        at = 0
+        for p in scattered:
+            p[:] = data[at:at + p.nbytes]
+            at += p.nbytes
+        assert await store.put(ref("scattered"), META, scattered)
+        assert await store.put(ref("single"), META, memoryview(bytearray(data)))
 
-            one = bytearray(len(data))
-            got = await store.get_into(ref("scattered"), memoryview(one))
-            assert got is not None and got.nbytes == len(data) and bytes(one) == data
+        one = bytearray(len(data))
+        got = await store.get_into(ref("scattered"), memoryview(one))
+        assert got is not None and got.nbytes == len(data) and bytes(one) == data
 
-            back = bytearray(len(data))
-            got = await store.get_into(ref("single"), split(back))
-            assert got is not None and got.nbytes == len(data) and bytes(back) == data
+        back = bytearray(len(data))
+        got = await store.get_into(ref("single"), split(back))
+        assert got is not None and got.nbytes == len(data) and bytes(back) == data
 
-            again = bytearray(len(data))
-            parts = split(again, tuple(reversed(SIZES)))  # other boundaries, same total
-            got = await store.get_into(ref("scattered"), parts)
-            assert got is not None and bytes(again) == data
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+        again = bytearray(len(data))
+        parts = split(again, tuple(reversed(SIZES)))  # other boundaries, same total
+        got = await store.get_into(ref("scattered"), parts)
+        assert got is not None and bytes(again) == data
+    finally:
+        await store.close()
 
 
-def test_a_flipped_byte_in_any_part_is_a_counted_miss_and_the_copy_is_deleted(valkey_server) -> None:
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp"), NS)
-        try:
-            data = bytearray(os.urandom(sum(SIZES)))
-            r = ref("flipped")
-            assert await store.put(r, META, split(data))
-            key = NS.data_key(r.chunk_id)
-            offset = HEADER_SIZE + SIZES[0] + SIZES[1] + 3  # inside the third part
-            stored = valkey_server.cmd("GETRANGE", key, offset, offset)
-            valkey_server.cmd("SETRANGE", key, offset, bytes([stored[0] ^ 0xFF]))
-            dest = bytearray(len(data))
-            assert await store.get_into(r, split(dest)) is None
-            for _ in range(100):
-                if not valkey_server.cmd("EXISTS", key):
-                    break
-                await asyncio.sleep(0.02)
-            assert valkey_server.cmd("EXISTS", key) == 0
-        finally:
-            await store.close()
 
-    asyncio.run(main())
+async def test_a_flipped_byte_in_any_part_is_a_counted_miss_and_the_copy_is_deleted(valkey_server) -> None:
+    store = await open_store(valkey_server.settings(transport="tcp"), NS)
+    try:
+        data = bytearray(os.urandom(sum(SIZES)))
+        r = ref("flipped")
+        assert await store.put(r, META, split(data))
+        key = NS.data_key(r.chunk_id)
+        offset = HEADER_SIZE + SIZES[0] + SIZES[1] + 3  # inside the third part
+        stored = valkey_server.cmd("GETRANGE", key, offset, offset)
+        valkey_server.cmd("SETRANGE", key, offset, bytes([stored[0] ^ 0xFF]))
+        dest = bytearray(len(data))
+        assert await store.get_into(r, split(dest)) is None
+        for _ in range(100):
+            if not valkey_server.cmd("EXISTS", key):
+                break
+            await asyncio.sleep(0.02)
+        assert valkey_server.cmd("EXISTS", key) == 0
+    finally:
+        await store.close()
 
 
-def test_a_value_too_large_for_the_parts_is_a_miss(valkey_server) -> None:
-    async def main() -> None:
-        store = await open_store(valkey_server.settings(transport="tcp"), NS)
-        try:
-            r = ref("large")
-            meta = ChunkMeta(shapes=((sum(SIZES) + 1,),), dtypes=("uint8",), fmt=0)
-            assert await store.put(r, meta, memoryview(bytearray(os.urandom(sum(SIZES) + 1))))
-            assert await store.get_into(r, split(bytearray(sum(SIZES)))) is None
-        finally:
-            await store.close()
 
-    asyncio.run(main())
+async def test_a_value_too_large_for_the_parts_is_a_miss(valkey_server) -> None:
+    store = await open_store(valkey_server.settings(transport="tcp"), NS)
+    try:
+        r = ref("large")
+        meta = ChunkMeta(shapes=((sum(SIZES) + 1,),), dtypes=("uint8",), fmt=0)
+        assert await store.put(r, meta, memoryview(bytearray(os.urandom(sum(SIZES) + 1))))
+        assert await store.get_into(r, split(bytearray(sum(SIZES)))) is None
+    finally:
+        await store.close()
+
 
 
 def test_codec_checks_parts_like_their_concatenation() -> None:

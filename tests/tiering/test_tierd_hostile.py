@@ -7,7 +7,6 @@ serving. Object keys and NVMe files are built only from checked key segments."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import subprocess
@@ -275,47 +274,45 @@ HOSTILE_KEYS = [
 ]
 
 
-def test_object_keys_and_nvme_files_refuse_unchecked_segments(moto_s3, nvme_dir):
+async def test_object_keys_and_nvme_files_refuse_unchecked_segments(moto_s3, nvme_dir):
     from lmcache_valkey.tiering.nvme import NvmeTier
     from lmcache_valkey.tiering.object_store import ObjectTier
     from lmcache_valkey.tiering.settings import tiering_settings_from_mapping
 
-    async def main() -> None:
-        o = ObjectTier(tiering_settings_from_mapping({"s3_bucket": moto_s3.bucket, "s3_endpoint_url": moto_s3.url}))
-        await o.start()
-        await o.create_bucket()
-        nv = NvmeTier(nvme_dir, 1 << 26)
-        await nv.start()
-        try:
-            _, value = chunk(7, 4096)
-            for key in HOSTILE_KEYS:
-                with pytest.raises(ValueError):
-                    o.object_key(key)
-                assert await o.write(key, [value]) is False
-                with pytest.raises(ValueError):
-                    await nv.write(key, [value])
-            assert await o.flush(30)
-            assert _bucket_keys(moto_s3) == [] and _chunk_files(nvme_dir) == []
-            assert o.stats["bad_keys"] == len(HOSTILE_KEYS)
-            # objects planted in the bucket under names outside the grammar are not listed
-            import boto3
+    o = ObjectTier(tiering_settings_from_mapping({"s3_bucket": moto_s3.bucket, "s3_endpoint_url": moto_s3.url}))
+    await o.start()
+    await o.create_bucket()
+    nv = NvmeTier(nvme_dir, 1 << 26)
+    await nv.start()
+    try:
+        _, value = chunk(7, 4096)
+        for key in HOSTILE_KEYS:
+            with pytest.raises(ValueError):
+                o.object_key(key)
+            assert await o.write(key, [value]) is False
+            with pytest.raises(ValueError):
+                await nv.write(key, [value])
+        assert await o.flush(30)
+        assert _bucket_keys(moto_s3) == [] and _chunk_files(nvme_dir) == []
+        assert o.stats["bad_keys"] == len(HOSTILE_KEYS)
+        # objects planted in the bucket under names outside the grammar are not listed
+        import boto3
 
-            s3 = boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1")
-            for name in ("lmcache-valkey/t1/lmcv/" + NS.digest + "/ZZ", "lmcache-valkey/t1/lm:cv/x/00",
-                         "lmcache-valkey/t1/lmcv/../00/00"):
-                s3.put_object(Bucket=moto_s3.bucket, Key=name, Body=value)
-            good, _ = chunk(8, 4096)
-            assert await o.put(good, [value]) is not False
-            listed = [x.key async for x in o.inventory("t1")]
-            assert listed == [good]
-        finally:
-            await o.close()
-            await nv.close()
-
-    asyncio.run(main())
+        s3 = boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1")
+        for name in ("lmcache-valkey/t1/lmcv/" + NS.digest + "/ZZ", "lmcache-valkey/t1/lm:cv/x/00",
+                     "lmcache-valkey/t1/lmcv/../00/00"):
+            s3.put_object(Bucket=moto_s3.bucket, Key=name, Body=value)
+        good, _ = chunk(8, 4096)
+        assert await o.put(good, [value]) is not False
+        listed = [x.key async for x in o.inventory("t1")]
+        assert listed == [good]
+    finally:
+        await o.close()
+        await nv.close()
 
 
-def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
+
+async def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
     """A worker that queued more hints than one request may carry (a large batched put) splits
     them: every message it pushes passes tierd's checks, and no hint is lost."""
     from tierhelp import resp_client
@@ -324,20 +321,18 @@ def test_a_burst_of_hints_is_sent_in_requests_tierd_accepts(valkey_server):
     from lmcache_valkey.tiering.requests import MAX_KEYS, TenantScope
     from lmcache_valkey.tiering.service import parse
 
-    async def main() -> None:
-        client = await resp_client(valkey_server)
-        tc = RemoteTierClient(client, client.settings)
-        try:
-            keys = [NS.data_key(f"{i:032x}") for i in range(MAX_KEYS + 5000)]
-            for k in keys:  # no await yields here: all of them are pending at once
-                await tc.note_put(k, 1000)
-            await tc.lease(keys[:10], 5.0)
-            await tc.flush_hints()
-        finally:
-            await tc.close()
-            await client.close()
+    client = await resp_client(valkey_server)
+    tc = RemoteTierClient(client, client.settings)
+    try:
+        keys = [NS.data_key(f"{i:032x}") for i in range(MAX_KEYS + 5000)]
+        for k in keys:  # no await yields here: all of them are pending at once
+            await tc.note_put(k, 1000)
+        await tc.lease(keys[:10], 5.0)
+        await tc.flush_hints()
+    finally:
+        await tc.close()
+        await client.close()
 
-    asyncio.run(main())
     raws = valkey_server.cmd("LRANGE", T1_REQ, 0, -1)
     reqs = [parse(r, TenantScope("lmcv", "t1")) for r in raws]  # raises on any refused message
     assert len(reqs) >= 2 and sum(len(r.puts) for r in reqs) == MAX_KEYS + 5000

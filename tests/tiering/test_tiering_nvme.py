@@ -28,114 +28,106 @@ class Lost(NoEvents):
         self.keys.append(key)
 
 
-def test_direct_io_round_trip_and_rebuild(nvme_dir: str) -> None:
-    async def main() -> None:
-        t = NvmeTier(nvme_dir, 64 << 20)
-        await t.start()
-        assert t.entries() == []
-        assert t.direct, "ext4 under /tmp must accept O_DIRECT"
-        items = [chunk(i, size) for i, size in enumerate([1, 4095, 4096, 100_000, 1 << 20, 3 * 4096])]
-        for key, value in items:
-            # split the value at an odd place: the tier gathers parts
-            assert await t.write(key, [value[:100], value[100:]])
-        for key, value in items:
-            hdr, payload = await t.read(key)
-            assert bytes(hdr) + bytes(payload) == value
-            dest = bytearray(len(value) - codec.HEADER_SIZE)  # unaligned: through a pooled buffer
-            h = await t.read_into(key, memoryview(dest))
-            assert h is not None and bytes(dest) == value[codec.HEADER_SIZE :]
-            plen = len(value) - codec.HEADER_SIZE
-            if plen % 4096 == 0:  # page-aligned, whole blocks: O_DIRECT straight into the buffer
-                aligned = mmap.mmap(-1, plen)
-                h = await t.read_into(key, memoryview(aligned))
-                assert h is not None and aligned[:] == value[codec.HEADER_SIZE :]
-        assert t.stats["zero_copy_reads"] == 3  # 4096, 1 MiB and 3 * 4096
-        await t.close()
-        # restart: the index comes back from the file headers alone
-        t2 = NvmeTier(nvme_dir, 64 << 20)
-        await t2.start()
-        entries = t2.entries()
-        assert sorted(e.key for e in entries) == sorted(k for k, _ in items)
-        assert {e.key: e.value_len for e in entries} == {k: len(v) for k, v in items}
-        key, value = items[3]
-        hdr, payload = await t2.read(key)
+async def test_direct_io_round_trip_and_rebuild(nvme_dir: str) -> None:
+    t = NvmeTier(nvme_dir, 64 << 20)
+    await t.start()
+    assert t.entries() == []
+    assert t.direct, "ext4 under /tmp must accept O_DIRECT"
+    items = [chunk(i, size) for i, size in enumerate([1, 4095, 4096, 100_000, 1 << 20, 3 * 4096])]
+    for key, value in items:
+        # split the value at an odd place: the tier gathers parts
+        assert await t.write(key, [value[:100], value[100:]])
+    for key, value in items:
+        hdr, payload = await t.read(key)
         assert bytes(hdr) + bytes(payload) == value
-        await t2.close()
-
-    asyncio.run(main())
-
-
-def test_crash_leftovers_removed_and_truncated_file_is_corrupt(nvme_dir: str) -> None:
-    async def main() -> None:
-        t = NvmeTier(nvme_dir, 64 << 20)
-        await t.start()
-        (k1, v1), (k2, v2) = chunk(1, 50_000), chunk(2, 50_000)
-        assert await t.write(k1, [v1]) and await t.write(k2, [v2])
-        await t.close()
-        # a write that crashed before its rename, and a torn final file
-        tmp = t.path_of(k1) + ".tmp.123.abcd"
-        with open(tmp, "wb") as f:
-            f.write(b"x" * 8192)
-        with open(t.path_of(k2), "r+b") as f:
-            f.truncate(PRELUDE + 4096)
-        t2 = NvmeTier(nvme_dir, 64 << 20)
-        await t2.start()
-        entries = t2.entries()
-        assert [e.key for e in entries] == [k1]
-        assert t2.stats["corrupt"] == 1
-        assert not os.path.exists(tmp) and not os.path.exists(t.path_of(k2))
-        await t2.close()
-
-    asyncio.run(main())
+        dest = bytearray(len(value) - codec.HEADER_SIZE)  # unaligned: through a pooled buffer
+        h = await t.read_into(key, memoryview(dest))
+        assert h is not None and bytes(dest) == value[codec.HEADER_SIZE :]
+        plen = len(value) - codec.HEADER_SIZE
+        if plen % 4096 == 0:  # page-aligned, whole blocks: O_DIRECT straight into the buffer
+            aligned = mmap.mmap(-1, plen)
+            h = await t.read_into(key, memoryview(aligned))
+            assert h is not None and aligned[:] == value[codec.HEADER_SIZE :]
+    assert t.stats["zero_copy_reads"] == 3  # 4096, 1 MiB and 3 * 4096
+    await t.close()
+    # restart: the index comes back from the file headers alone
+    t2 = NvmeTier(nvme_dir, 64 << 20)
+    await t2.start()
+    entries = t2.entries()
+    assert sorted(e.key for e in entries) == sorted(k for k, _ in items)
+    assert {e.key: e.value_len for e in entries} == {k: len(v) for k, v in items}
+    key, value = items[3]
+    hdr, payload = await t2.read(key)
+    assert bytes(hdr) + bytes(payload) == value
+    await t2.close()
 
 
-def test_corrupt_payload_is_counted_miss_and_removed(nvme_dir: str) -> None:
-    async def main() -> None:
-        gone = Lost()
-        t = NvmeTier(nvme_dir, 64 << 20, events=gone)
-        await t.start()
-        key, value = chunk(7, 100_000)
-        assert await t.write(key, [value])
-        with open(t.path_of(key), "r+b") as f:
-            f.seek(PRELUDE + 5000)
-            b = f.read(1)
-            f.seek(PRELUDE + 5000)
-            f.write(bytes([b[0] ^ 0xFF]))
-        assert await t.read(key) is None
-        assert t.stats["corrupt"] == 1 and t.stats["misses"] == 1
-        assert not os.path.exists(t.path_of(key)) and key not in t and gone.keys == [key]
-        await t.close()
 
-    asyncio.run(main())
+async def test_crash_leftovers_removed_and_truncated_file_is_corrupt(nvme_dir: str) -> None:
+    t = NvmeTier(nvme_dir, 64 << 20)
+    await t.start()
+    (k1, v1), (k2, v2) = chunk(1, 50_000), chunk(2, 50_000)
+    assert await t.write(k1, [v1]) and await t.write(k2, [v2])
+    await t.close()
+    # a write that crashed before its rename, and a torn final file
+    tmp = t.path_of(k1) + ".tmp.123.abcd"
+    with open(tmp, "wb") as f:
+        f.write(b"x" * 8192)
+    with open(t.path_of(k2), "r+b") as f:
+        f.truncate(PRELUDE + 4096)
+    t2 = NvmeTier(nvme_dir, 64 << 20)
+    await t2.start()
+    entries = t2.entries()
+    assert [e.key for e in entries] == [k1]
+    assert t2.stats["corrupt"] == 1
+    assert not os.path.exists(tmp) and not os.path.exists(t.path_of(k2))
+    await t2.close()
 
 
-def test_budget_evicts_lru_and_refuses_oversized(nvme_dir: str) -> None:
-    async def main() -> None:
-        gone = Lost()
-        size = 60_000
-        disk = PRELUDE + ((size + 4095) // 4096) * 4096
-        t = NvmeTier(nvme_dir, 3 * disk, events=gone)
-        await t.start()
-        items = [chunk(i, size) for i in range(5)]
-        for k, v in items[:3]:
-            assert await t.write(k, [v])
-        await t.read(items[0][0])  # 0 becomes most recently used
-        for k, v in items[3:]:
-            assert await t.write(k, [v])
-        assert t.used_bytes <= 3 * disk
-        assert gone.keys == [items[1][0], items[2][0]]
-        assert t.stats["evicted"] == 2
-        big_k, big_v = chunk(99, 4 * disk)
-        assert not await t.write(big_k, [big_v])
-        assert t.stats["refused_budget"] == 1
-        # a pinned copy is not evicted: with everything pinned, admission is refused
-        with t.pins.pin(items[0][0]), t.pins.pin(items[3][0]), t.pins.pin(items[4][0]):
-            k5, v5 = chunk(5, size)
-            assert not await t.write(k5, [v5])
-        assert t.stats["refused_budget"] == 2
-        await t.close()
 
-    asyncio.run(main())
+async def test_corrupt_payload_is_counted_miss_and_removed(nvme_dir: str) -> None:
+    gone = Lost()
+    t = NvmeTier(nvme_dir, 64 << 20, events=gone)
+    await t.start()
+    key, value = chunk(7, 100_000)
+    assert await t.write(key, [value])
+    with open(t.path_of(key), "r+b") as f:
+        f.seek(PRELUDE + 5000)
+        b = f.read(1)
+        f.seek(PRELUDE + 5000)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert await t.read(key) is None
+    assert t.stats["corrupt"] == 1 and t.stats["misses"] == 1
+    assert not os.path.exists(t.path_of(key)) and key not in t and gone.keys == [key]
+    await t.close()
+
+
+
+async def test_budget_evicts_lru_and_refuses_oversized(nvme_dir: str) -> None:
+    gone = Lost()
+    size = 60_000
+    disk = PRELUDE + ((size + 4095) // 4096) * 4096
+    t = NvmeTier(nvme_dir, 3 * disk, events=gone)
+    await t.start()
+    items = [chunk(i, size) for i in range(5)]
+    for k, v in items[:3]:
+        assert await t.write(k, [v])
+    await t.read(items[0][0])  # 0 becomes most recently used
+    for k, v in items[3:]:
+        assert await t.write(k, [v])
+    assert t.used_bytes <= 3 * disk
+    assert gone.keys == [items[1][0], items[2][0]]
+    assert t.stats["evicted"] == 2
+    big_k, big_v = chunk(99, 4 * disk)
+    assert not await t.write(big_k, [big_v])
+    assert t.stats["refused_budget"] == 1
+    # a pinned copy is not evicted: with everything pinned, admission is refused
+    with t.pins.pin(items[0][0]), t.pins.pin(items[3][0]), t.pins.pin(items[4][0]):
+        k5, v5 = chunk(5, size)
+        assert not await t.write(k5, [v5])
+    assert t.stats["refused_budget"] == 2
+    await t.close()
+
 
 
 def test_disk_full_refused_and_counted(tmp_path) -> None:
@@ -169,40 +161,36 @@ def test_disk_full_refused_and_counted(tmp_path) -> None:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
-def test_second_tier_on_the_same_directory_fails_loudly(nvme_dir: str) -> None:
+async def test_second_tier_on_the_same_directory_fails_loudly(nvme_dir: str) -> None:
     from lmcache_valkey.tiering.nvme import NvmeDirInUse
 
-    async def main() -> None:
-        a = NvmeTier(nvme_dir, 1 << 30)
-        await a.start()
-        b = NvmeTier(nvme_dir, 1 << 30)
-        try:
-            with pytest.raises(NvmeDirInUse, match=nvme_dir):
-                await b.start()
-        finally:
-            await a.close()
-        c = NvmeTier(nvme_dir, 1 << 30)  # free again once the holder closed
-        await c.start()
-        await c.close()
-
-    asyncio.run(main())
+    a = NvmeTier(nvme_dir, 1 << 30)
+    await a.start()
+    b = NvmeTier(nvme_dir, 1 << 30)
+    try:
+        with pytest.raises(NvmeDirInUse, match=nvme_dir):
+            await b.start()
+    finally:
+        await a.close()
+    c = NvmeTier(nvme_dir, 1 << 30)  # free again once the holder closed
+    await c.start()
+    await c.close()
 
 
-def test_removal_deferred_by_a_read_never_destroys_a_newer_copy(nvme_dir: str) -> None:
-    async def main() -> None:
-        t = NvmeTier(nvme_dir, 1 << 30)
-        await t.start()
-        try:
-            key, value = chunk(1, 10_000)
-            assert await t.write(key, [value])
-            with t.pins.pin(key):  # a read holds the old copy
-                assert await t.remove(key)
-                assert await t.write(key, [value])  # a newer copy under the same name
-            assert os.path.exists(t.path_of(key))  # the deferred removal took only the old file
-            got = await t.read(key)
-            assert got is not None and bytes(got.header) + bytes(got.payload) == value
-            got.release()
-        finally:
-            await t.close()
 
-    asyncio.run(main())
+async def test_removal_deferred_by_a_read_never_destroys_a_newer_copy(nvme_dir: str) -> None:
+    t = NvmeTier(nvme_dir, 1 << 30)
+    await t.start()
+    try:
+        key, value = chunk(1, 10_000)
+        assert await t.write(key, [value])
+        with t.pins.pin(key):  # a read holds the old copy
+            assert await t.remove(key)
+            assert await t.write(key, [value])  # a newer copy under the same name
+        assert os.path.exists(t.path_of(key))  # the deferred removal took only the old file
+        got = await t.read(key)
+        assert got is not None and bytes(got.header) + bytes(got.payload) == value
+        got.release()
+    finally:
+        await t.close()
+
