@@ -95,14 +95,12 @@ def test_blob_tcp_over_tls(module_so, tmp_path):
         asyncio.run(body())
 
 
-def test_a_server_without_the_commands_is_refused_with_the_reason(valkey_server):
+async def test_a_server_without_the_commands_is_refused_with_the_reason(valkey_server):
     settings = settings_from_mapping({"url": valkey_server.url, "transport": "blob-tcp"}, env={})
 
-    async def body():
-        with pytest.raises(FabricUnavailable, match="BLOB.INFO"):
-            await open_store(settings, make_namespace("lmcv", "t", {"model": "m"}))
+    with pytest.raises(FabricUnavailable, match="BLOB.INFO"):
+        await open_store(settings, make_namespace("lmcv", "t", {"model": "m"}))
 
-    asyncio.run(body())
 
 
 def test_rdma_is_a_name_for_the_fabric_transport():

@@ -4,7 +4,6 @@ category (Valkey 9.1) and declare their key argument, so key patterns confine th
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 
@@ -34,7 +33,7 @@ def _tenant(c: valkey.Valkey, name: str, rules: str) -> None:
 
 
 @pytest.mark.parametrize("server", list(SERVERS))
-def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_server, server):
+async def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_server, server):
     binary, rules = SERVERS[server]
     if binary is not None and not shutil.which(binary):
         pytest.skip(f"{binary} not installed (scripts/setup.sh installs it)")
@@ -44,34 +43,32 @@ def test_a_confined_tenant_uses_the_fabric_path_on_its_own_keys_only(start_serve
     value = os.urandom(2 * MiB)
     admin.execute_command(commands.TCP_SET, "lmcv:tenant-b:k", b"b's chunk")
 
-    async def body() -> None:
-        async with FabricTransport("127.0.0.1", srv.port, username="tenant-a", password="tenant-a-pw",
-                                   bulk_fallback=False) as t:
-            arena = bytearray(4 * MiB)
-            t.register_buffer(arena)
-            mv = memoryview(arena)
-            mv[: len(value)] = value
-            # Its own keys: RMA SET and GET, INFO, DEL, EXISTS.
-            await t.set_from(b"lmcv:tenant-a:k", [mv[: len(value)]], 60.0, 10)
-            assert await t.get_into(b"lmcv:tenant-a:k", [mv[2 * MiB :]], 10) == len(value)
-            assert mv[2 * MiB :] == value
-            assert (await t.info(b"lmcv:tenant-a:k"))[0] == len(value)
-            assert await t.exists_many([b"lmcv:tenant-a:k"], timeout=5) == [True]
-            # Another tenant's key, through every BLOB.* command: NOPERM, nothing moved.
-            mv[2 * MiB :] = bytes(2 * MiB)
-            for attempt in (
-                t.get_into(b"lmcv:tenant-b:k", [mv[2 * MiB :]], 5),
-                t.set_from(b"lmcv:tenant-b:k", [mv[:MiB]], None, 5),
-                t.info(b"lmcv:tenant-b:k"),
-                t.command(commands.TCP_GET, b"lmcv:tenant-b:k"),
-                t.command(commands.TCP_SET, b"lmcv:tenant-b:k", b"overwritten"),
-            ):
-                with pytest.raises(ServerError, match="NOPERM"):
-                    await attempt
-            assert mv[2 * MiB :] == bytes(2 * MiB)
-            assert await t.delete([b"lmcv:tenant-a:k"]) == 1
+    async with FabricTransport("127.0.0.1", srv.port, username="tenant-a", password="tenant-a-pw",
+                               bulk_fallback=False) as t:
+        arena = bytearray(4 * MiB)
+        t.register_buffer(arena)
+        mv = memoryview(arena)
+        mv[: len(value)] = value
+        # Its own keys: RMA SET and GET, INFO, DEL, EXISTS.
+        await t.set_from(b"lmcv:tenant-a:k", [mv[: len(value)]], 60.0, 10)
+        assert await t.get_into(b"lmcv:tenant-a:k", [mv[2 * MiB :]], 10) == len(value)
+        assert mv[2 * MiB :] == value
+        assert (await t.info(b"lmcv:tenant-a:k"))[0] == len(value)
+        assert await t.exists_many([b"lmcv:tenant-a:k"], timeout=5) == [True]
+        # Another tenant's key, through every BLOB.* command: NOPERM, nothing moved.
+        mv[2 * MiB :] = bytes(2 * MiB)
+        for attempt in (
+            t.get_into(b"lmcv:tenant-b:k", [mv[2 * MiB :]], 5),
+            t.set_from(b"lmcv:tenant-b:k", [mv[:MiB]], None, 5),
+            t.info(b"lmcv:tenant-b:k"),
+            t.command(commands.TCP_GET, b"lmcv:tenant-b:k"),
+            t.command(commands.TCP_SET, b"lmcv:tenant-b:k", b"overwritten"),
+        ):
+            with pytest.raises(ServerError, match="NOPERM"):
+                await attempt
+        assert mv[2 * MiB :] == bytes(2 * MiB)
+        assert await t.delete([b"lmcv:tenant-a:k"]) == 1
 
-    asyncio.run(body())
     assert admin.execute_command(commands.TCP_GET, "lmcv:tenant-b:k") == b"b's chunk"
 
 

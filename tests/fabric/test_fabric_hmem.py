@@ -4,7 +4,6 @@ values through the endpoint; CUDA registration itself is untested without a GPU.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -15,21 +14,19 @@ from lmcache_valkey.transport.fabric import FabricEndpoint, FabricTransport
 MiB = 1 << 20
 
 
-def test_hmem_endpoint_moves_host_memory(start_server):
+async def test_hmem_endpoint_moves_host_memory(start_server):
     srv = start_server("shm")
 
-    async def body():
-        async with FabricTransport("127.0.0.1", srv.port, provider="shm", hmem=True) as t:
-            assert t.endpoint.mr_mode & 0x400  # FI_MR_HMEM reported and honoured
-            arena = bytearray(8 * MiB)
-            t.register_buffer(arena)
-            mv = memoryview(arena)
-            mv[: 4 * MiB] = os.urandom(4 * MiB)
-            await t.set_from(b"k", [mv[: 4 * MiB]], None, 10)
-            assert await t.get_into(b"k", [mv[4 * MiB :]], 10) == 4 * MiB
-            assert mv[: 4 * MiB] == mv[4 * MiB :]
+    async with FabricTransport("127.0.0.1", srv.port, provider="shm", hmem=True) as t:
+        assert t.endpoint.mr_mode & 0x400  # FI_MR_HMEM reported and honoured
+        arena = bytearray(8 * MiB)
+        t.register_buffer(arena)
+        mv = memoryview(arena)
+        mv[: 4 * MiB] = os.urandom(4 * MiB)
+        await t.set_from(b"k", [mv[: 4 * MiB]], None, 10)
+        assert await t.get_into(b"k", [mv[4 * MiB :]], 10) == 4 * MiB
+        assert mv[: 4 * MiB] == mv[4 * MiB :]
 
-    asyncio.run(body())
 
 
 def test_cuda_registration_needs_an_hmem_endpoint(module_so):

@@ -91,21 +91,19 @@ def test_a_paused_server_never_writes_into_buffers_given_back(start_server, prov
             os.kill(srv.proc.pid, signal.SIGCONT)
 
 
-def test_a_cancelled_get_against_a_healthy_server_releases_without_revoking(start_server):
+async def test_a_cancelled_get_against_a_healthy_server_releases_without_revoking(start_server):
     """A caller that stops waiting costs no revocation when the server answers within its
     deadline: the buffers go back when the reply arrives."""
     srv = start_server("tcp;ofi_rxm")
     srv.client().execute_command(commands.TCP_SET, b"k", os.urandom(16 * MiB))
 
-    async def body() -> None:
-        async with FabricTransport("127.0.0.1", srv.port) as t:
-            arena = bytearray(16 * MiB)
-            t.register_buffer(arena)
-            released = asyncio.Event()
-            task = asyncio.create_task(t.get_into(b"k", [memoryview(arena)], 5, on_release=released.set))
-            await asyncio.sleep(0)
-            task.cancel()
-            await asyncio.wait_for(released.wait(), GUARD_S)
-            assert t.stats["revocations"] == 0
+    async with FabricTransport("127.0.0.1", srv.port) as t:
+        arena = bytearray(16 * MiB)
+        t.register_buffer(arena)
+        released = asyncio.Event()
+        task = asyncio.create_task(t.get_into(b"k", [memoryview(arena)], 5, on_release=released.set))
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.wait_for(released.wait(), GUARD_S)
+        assert t.stats["revocations"] == 0
 
-    asyncio.run(body())

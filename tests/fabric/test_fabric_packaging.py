@@ -3,7 +3,6 @@ raises FabricUnavailable saying what to install. Teardown leaves no thread behin
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -35,20 +34,18 @@ def test_without_libfabric_the_fabric_path_fails_clearly(tmp_path):
     assert "BULK-OK" in out.stdout
 
 
-def test_close_stops_the_progress_thread(start_server):
+async def test_close_stops_the_progress_thread(start_server):
     from lmcache_valkey.transport.fabric import FabricTransport
 
     srv = start_server("tcp;ofi_rxm")
 
-    async def body():
-        t = FabricTransport("127.0.0.1", srv.port)
-        arena = bytearray(1 << 20)
-        t.register_buffer(arena)
-        await t.connect()
-        assert any(th.name.startswith("fabric-progress") for th in threading.enumerate())
-        await t.close()
+    t = FabricTransport("127.0.0.1", srv.port)
+    arena = bytearray(1 << 20)
+    t.register_buffer(arena)
+    await t.connect()
+    assert any(th.name.startswith("fabric-progress") for th in threading.enumerate())
+    await t.close()
 
-    asyncio.run(body())
     assert not any(th.name.startswith("fabric-progress") for th in threading.enumerate())
 
 
