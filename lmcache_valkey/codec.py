@@ -84,6 +84,17 @@ def clip_parts(parts: Sequence[memoryview], n: int) -> tuple[memoryview, ...]:
     return tuple(out)
 
 
+def scatter(value: bytes | bytearray | memoryview, parts: Sequence[memoryview]) -> int:
+    """Copy ``value`` into ``parts`` in order: a shorter value fills only their start, bytes
+    beyond their capacity are dropped. Returns the bytes copied."""
+    src = memoryview(value).cast("B")
+    at = 0
+    for p in clip_parts(parts, src.nbytes):
+        p[:] = src[at : at + p.nbytes]
+        at += p.nbytes
+    return at
+
+
 def crc32c_parts(parts: Sequence[memoryview], value: int = 0) -> int:
     """CRC32C of the concatenation of ``parts`` (chained, nothing joined)."""
     for p in parts:

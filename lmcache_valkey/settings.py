@@ -14,7 +14,7 @@ Never imports: the store, a transport, an engine.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from .config import KNOWN_KEYS as CORE_KEYS
 from .config import LMCACHE_OWN_KEYS, PLUGIN_PREFIX, Settings, settings_from_mapping
@@ -45,6 +45,30 @@ def load_settings(
     return settings, tiering_settings_from_mapping(tier_raw, key_prefix=key_prefix)
 
 
+def load_adapter_settings(
+    raw: Mapping[str, Any], *, key_prefix: str, own: Mapping[str, Callable[[str, Any], Any]],
+    engine_keys: Collection[str] = (), env: Mapping[str, str] | None = None,
+) -> tuple[Settings, TieringSettings, dict[str, Any]]:
+    """:func:`load_settings` for an adapter with keys of its own: ``own`` maps each of them to
+    its parser (the vocabulary of :mod:`.config`), ``engine_keys`` are the engine's (consumed by
+    it, skipped here). Returns the two settings objects and the adapter's parsed keys (a key
+    set to None is left out: its default applies)."""
+    mine: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str):
+            raise ConfigError(key_prefix + str(k), "a string key")
+        if k in engine_keys:
+            continue
+        if k in own:
+            if v is not None:
+                mine[k] = own[k](key_prefix + k, v)
+        else:
+            rest[k] = v
+    settings, tiering = load_settings(rest, key_prefix=key_prefix, env=env)
+    return settings, tiering, mine
+
+
 def plugin_keys(extra_config: Mapping[str, Any] | None, plugin_name: str) -> dict[str, Any]:
     """The ``remote_storage_plugin.<plugin_name>.*`` keys of LMCache's ``extra_config``, without
     that prefix (pass ``key_prefix=plugin_prefix(plugin_name)`` to :func:`load_settings`)."""
@@ -56,4 +80,4 @@ def plugin_prefix(plugin_name: str) -> str:
     return f"{PLUGIN_PREFIX}{plugin_name}."
 
 
-__all__ = ["load_settings", "plugin_keys", "plugin_prefix"]
+__all__ = ["load_adapter_settings", "load_settings", "plugin_keys", "plugin_prefix"]

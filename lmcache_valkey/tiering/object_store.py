@@ -392,18 +392,23 @@ class ObjectTier:
     async def _put_object(self, okey: str, body: memoryview, meta: dict[str, str]) -> None:
         obj = body.obj
         data = obj if isinstance(obj, (bytes, bytearray)) and len(obj) == body.nbytes else bytes(body)
-        kw = dict(Bucket=self.bucket, Key=okey, Body=data, Metadata=meta, ContentLength=body.nbytes)
         async with self._sem:
-            if self._conditional:
-                try:
-                    await self._client.put_object(IfNoneMatch="*", **kw)
-                    return
-                except ClientError as e:
-                    if _code(e) not in _UNSUPPORTED:
-                        raise
-                    log.warning("object tier: store refuses conditional put (%s); writing unconditionally", _code(e))
-                    self._conditional = False
-            await self._client.put_object(**kw)
+            await self._if_none_match(self._client.put_object, Bucket=self.bucket, Key=okey, Body=data,
+                                      Metadata=meta, ContentLength=body.nbytes)
+
+    async def _if_none_match(self, call: Any, **kw: Any) -> None:
+        """``call`` with ``If-None-Match: *`` (a chunk id names its content: "already exists" is
+        success); a store that refuses the header is remembered and written to unconditionally."""
+        if self._conditional:
+            try:
+                await call(IfNoneMatch="*", **kw)
+                return
+            except ClientError as e:
+                if _code(e) not in _UNSUPPORTED:
+                    raise
+                log.warning("object tier: store refuses conditional writes (%s); writing unconditionally", _code(e))
+                self._conditional = False
+        await call(**kw)
 
     async def _multipart(self, okey: str, body: memoryview, meta: dict[str, str]) -> None:
         self.stats["multipart"] += 1
@@ -420,16 +425,8 @@ class ObjectTier:
 
         try:
             parts = await asyncio.gather(*(part(i) for i in range(n)))
-            kw = dict(Bucket=self.bucket, Key=okey, UploadId=uid, MultipartUpload={"Parts": list(parts)})
-            if self._conditional:
-                try:
-                    await self._client.complete_multipart_upload(IfNoneMatch="*", **kw)
-                    return
-                except ClientError as e:
-                    if _code(e) not in _UNSUPPORTED:
-                        raise
-                    self._conditional = False
-            await self._client.complete_multipart_upload(**kw)
+            await self._if_none_match(self._client.complete_multipart_upload, Bucket=self.bucket, Key=okey,
+                                      UploadId=uid, MultipartUpload={"Parts": list(parts)})
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._client.abort_multipart_upload(Bucket=self.bucket, Key=okey, UploadId=uid)

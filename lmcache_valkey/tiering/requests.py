@@ -164,23 +164,25 @@ def _keys(scope: TenantScope, v: Any, what: str) -> tuple[bytes, ...]:
 
 
 # --- each op's own fields (service.OPS names the check of each op) ---------------------------
-def check_hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
-    puts = []
-    for i, p in enumerate(_list(m.get("put", []), "put")):
+def _pairs(scope: TenantScope, v: Any, what: str, unit: str, hi: int) -> tuple[tuple[bytes, int], ...]:
+    """``[[data key, int in [0, hi]], ...]``."""
+    out = []
+    for i, p in enumerate(_list(v, what)):
         if not isinstance(p, list) or len(p) != 2:
-            raise BadRequest(f"put[{i}]: a [data key, bytes] pair expected")
-        puts.append((scope.data_key(p[0], f"put[{i}]"), _int(p[1], f"put[{i}] size", 0, MAX_NBYTES)))
+            raise BadRequest(f"{what}[{i}]: a [data key, {unit}] pair expected")
+        out.append((scope.data_key(p[0], f"{what}[{i}]"), _int(p[1], f"{what}[{i}] {unit}", 0, hi)))
+    return tuple(out)
+
+
+def check_hint(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:
+    puts = _pairs(scope, m.get("put", []), "put", "bytes", MAX_NBYTES)
     hits = _keys(scope, m.get("hit", []), "hit")
     misses = _keys(scope, m.get("miss", []), "miss")
-    leases = []
-    for i, p in enumerate(_list(m.get("lease", []), "lease")):
-        if not isinstance(p, list) or len(p) != 2:
-            raise BadRequest(f"lease[{i}]: a [data key, milliseconds] pair expected")
-        leases.append((scope.data_key(p[0], f"lease[{i}]"), _int(p[1], f"lease[{i}] ms", 0, MAX_TTL_MS)))
+    leases = _pairs(scope, m.get("lease", []), "lease", "milliseconds", MAX_TTL_MS)
     releases = _keys(scope, m.get("release", []), "release")
     if len(puts) + len(hits) + len(misses) + len(leases) + len(releases) > MAX_KEYS:
         raise BadRequest(f"hint: at most {MAX_KEYS} hints in one request")
-    return {"puts": tuple(puts), "hits": hits, "misses": misses, "leases": tuple(leases), "releases": releases}
+    return {"puts": puts, "hits": hits, "misses": misses, "leases": leases, "releases": releases}
 
 
 def check_promote(scope: TenantScope, m: dict[str, Any], ttl_ms: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from ..codec import scatter
 from ..config import Settings
 from ..errors import ConnectionLost, ServerError, TransportError
 
@@ -161,14 +162,7 @@ class MemoryTransport:
         v = self._string(key)
         if v is None:
             return None
-        pos = 0
-        for b in bufs:
-            mv = memoryview(b).cast("B")
-            n = min(len(mv), len(v) - pos)
-            if n <= 0:
-                break
-            mv[:n] = v[pos : pos + n]
-            pos += n
+        scatter(v, [memoryview(b) for b in bufs])
         return len(v)
 
     def _put(self, key: bytes, value: Any, ttl_s: float | None) -> None:

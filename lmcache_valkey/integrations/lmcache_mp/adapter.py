@@ -168,13 +168,16 @@ class LmcvL2Adapter(L2AdapterInterface):
                 if self._locks[k] == 1:
                     first.append(r.chunk_id)
         if first:
-            try:
-                await self.store.lease(first, self.config.lock_lease_s)
-            except Exception as e:  # the lock still holds here; only the tier pins are missing
-                log.warning("lmcache-valkey: pinning %d locked chunks failed: %s", len(first), e)
+            await self._pin(first)
         if locked:
             self._notify_keys_accessed(locked)
         return bitmap
+
+    async def _pin(self, chunk_ids: list[str]) -> None:
+        try:
+            await self.store.lease(chunk_ids, self.config.lock_lease_s)
+        except Exception as e:  # the lock still holds here; only the tier pins are missing
+            log.warning("lmcache-valkey: pinning %d locked chunks failed: %s", len(chunk_ids), e)
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Any:
         return self._board.pop(LOOKUP, task_id)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ...config import Settings, parse_bool
 from ...errors import ConfigError
-from ...settings import load_settings
+from ...settings import load_adapter_settings
 from ...tiering.settings import TieringSettings
 
 log = logging.getLogger(__name__)
@@ -55,19 +55,8 @@ def parse_backend_settings(extra_config: Mapping[str, Any] | None, *, env: Mappi
         extra_config = {}
     if not isinstance(extra_config, Mapping):
         raise ConfigError(KEY_PREFIX.rstrip("."), "a JSON object", type(extra_config).__name__)
-    own: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for k, v in extra_config.items():
-        if not isinstance(k, str):
-            raise ConfigError(KEY_PREFIX + str(k), "a string key")
-        if k in SGLANG_KEYS:
-            continue
-        if k in _OWN:
-            if v is not None:
-                own[k] = _OWN[k](KEY_PREFIX + k, v)
-        else:
-            rest[k] = v
-    store, tiering = load_settings(rest, key_prefix=KEY_PREFIX, env=env)
+    store, tiering, own = load_adapter_settings(extra_config, key_prefix=KEY_PREFIX, own=_OWN,
+                                                engine_keys=SGLANG_KEYS, env=env)
     interface_v1 = extra_config.get("interface_v1", 0)
     return BackendSettings(store=store, tiering=tiering, interface_v1=bool(interface_v1), **own)
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ...config import Settings, parse_bool, parse_seconds
 from ...errors import ConfigError
-from ...settings import load_settings
+from ...settings import load_adapter_settings
 from ...tiering.settings import TieringSettings
 
 # Consumed by vLLM's SecondaryTierFactory before the constructor sees the entry.
@@ -58,18 +58,8 @@ _OWN = {
 
 def parse_tier_settings(raw: Mapping[str, Any], tier_type: str, *, env: Mapping[str, str] | None = None) -> TierSettings:
     """Validate a ``secondary_tiers`` entry (with or without vLLM's own keys)."""
-    prefix = key_prefix(tier_type)
-    own: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for k, v in raw.items():
-        if k in VLLM_KEYS:
-            continue
-        if k in _OWN:
-            if v is not None:
-                own[k] = _OWN[k](prefix + k, v)
-        else:
-            rest[k] = v
-    store, tiering = load_settings(rest, key_prefix=prefix, env=env)
+    store, tiering, own = load_adapter_settings(raw, key_prefix=key_prefix(tier_type), own=_OWN,
+                                                engine_keys=VLLM_KEYS, env=env)
     return TierSettings(store=store, tiering=tiering, **own)
 
 

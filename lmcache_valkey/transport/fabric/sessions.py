@@ -179,23 +179,17 @@ class SessionPool:
         an error reply; ConnectionLost / DeadlineExceeded / TransportError otherwise."""
         async def send_and_read() -> Any:
             await s.raw.send_command(*args)
-            return await s.raw.read_response()
+            try:
+                return await s.raw.read_response()
+            except vexc.ResponseError as exc:
+                raise ErrorReply(str(exc)) from None
 
-        try:
-            # The send is under the deadline too: a stalled peer must not hold the slot forever.
-            return await asyncio.wait_for(send_and_read(), wait_s)
-        except vexc.ResponseError as exc:
-            raise ErrorReply(str(exc)) from None
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"no reply to {args[0]} from {self.where} in {wait_s:.3f}s") from None
-        except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
-            raise ConnectionLost(f"connection to {self.where} lost during {args[0]}: {exc}") from exc
-        except vexc.ValkeyError as exc:
-            raise TransportError(str(exc)) from exc
+        return await self._bounded(send_and_read(), wait_s, f" during {args[0]}")
 
     async def pipeline(self, s: Session, cmds: Sequence[Sequence[Any]], wait_s: float) -> list[Any]:
         """Several plain commands in one round trip; error replies become ErrorReply values."""
-        async def read_all() -> list[Any]:
+        async def send_and_read() -> list[Any]:
+            await s.raw.send_packed_command(s.raw.pack_commands(cmds))
             out = []
             for _ in cmds:
                 try:
@@ -204,16 +198,17 @@ class SessionPool:
                     out.append(ErrorReply(str(exc)))
             return out
 
-        async def send_and_read() -> list[Any]:
-            await s.raw.send_packed_command(s.raw.pack_commands(cmds))
-            return await read_all()
+        return await self._bounded(send_and_read(), wait_s, "")
 
+    async def _bounded(self, io: Awaitable[Any], wait_s: float, during: str) -> Any:
+        """``io`` within ``wait_s`` (the send too: a stalled peer must not hold the slot
+        forever), valkey-py's errors mapped to ours."""
         try:
-            return await asyncio.wait_for(send_and_read(), wait_s)
+            return await asyncio.wait_for(io, wait_s)
         except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"no reply from {self.where} in {wait_s:.3f}s") from None
+            raise DeadlineExceeded(f"no reply{during} from {self.where} in {wait_s:.3f}s") from None
         except (vexc.ConnectionError, vexc.TimeoutError, OSError) as exc:
-            raise ConnectionLost(f"connection to {self.where} lost: {exc}") from exc
+            raise ConnectionLost(f"connection to {self.where} lost{during}: {exc}") from exc
         except vexc.ValkeyError as exc:
             raise TransportError(str(exc)) from exc
 

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from lmcache_valkey import metrics
+from lmcache_valkey.codec import scatter
 from lmcache_valkey.errors import (
     ConnectionLost,
     CorruptChunk,
@@ -569,14 +570,7 @@ class FabricTransport:
         value = await self._call(lambda ms: commands.get_bulk(key), None, timeout)
         if value is None:
             return None
-        off = 0
-        for b in bufs:
-            mv = byte_view(b)
-            n = min(len(mv), len(value) - off)
-            if n <= 0:
-                break
-            mv[:n] = value[off : off + n]
-            off += n
+        scatter(value, [byte_view(b) for b in bufs])
         return len(value)
 
     def _check_crc(self, views: list[memoryview], obj_len: int, crc: int, key: bytes) -> None:
