@@ -1,4 +1,5 @@
-"""The ledger: every state of a chunk in the lower tiers, and what keeps its RAM copy.
+"""The ledger: every state of a chunk in the lower tiers, and what keeps its RAM copy
+(docs/tiering-ledger.md).
 
 Everything that affects these states lives here (the layout of python-hyper/h11's
 ``_state.py``); the engines (promotion, demotion, deletion) do the I/O and report each step
