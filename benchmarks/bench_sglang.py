@@ -32,7 +32,7 @@ of ``--repeat`` interleaved rounds; the pages of every round are new keys).
 from __future__ import annotations
 
 import argparse
-import os
+import importlib
 import pathlib
 import shutil
 import subprocess
@@ -222,7 +222,7 @@ def main() -> None:
     mc: Mooncake | None = None
     if not args.no_mooncake:
         try:
-            import mooncake.store  # noqa: F401
+            importlib.import_module("mooncake.store")  # the native store, not only the package
         except ImportError:
             print("mooncake: not installed (pip install -e '.[sglang-bench]'), skipped")
         else:

@@ -19,7 +19,7 @@ import yaml
 
 pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) is not installed")
 
-from support.helmrender import CHART, FULLNAME, NAMESPACE, ROOT, manifests, of_kind, render_error  # noqa: E402
+from support.helmrender import CHART, NAMESPACE, ROOT, manifests, of_kind, render_error  # noqa: E402
 from support.procs import sigterm_and_collect  # noqa: E402
 from support.servers import DEBIAN_VALKEY, ValkeyServer, free_port, make_tls_files  # noqa: E402
 

@@ -7,5 +7,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "tiering"))  # tierhelp: chunk values, moto
 sys.path.insert(0, os.path.join(HERE, "..", "lmcache"))  # conftest_helpers: LMCache stacks
 
-from conftest_helpers import make_stack  # noqa: E402,F401  (fixtures, found by pytest through these imports)
-from tierhelp import moto_s3, nvme_dir  # noqa: E402,F401
+from conftest_helpers import make_stack  # noqa: E402
+from tierhelp import moto_s3, nvme_dir  # noqa: E402
+
+__all__ = ["make_stack", "moto_s3", "nvme_dir"]  # fixtures: pytest finds them here

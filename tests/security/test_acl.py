@@ -115,8 +115,6 @@ def test_the_lines_we_print_are_the_allow_lists(documented):
 async def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
     """With `+cluster|slots +asking` (and `cluster: yes`) a worker finds the slot map, stores and reads
     chunks on every shard, and no command is refused."""
-    import asyncio
-
     from lmcache_valkey.codec import ChunkMeta
     from lmcache_valkey.keys import make_namespace
     from lmcache_valkey.store import ChunkRef, open_store

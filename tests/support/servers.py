@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from lmcache_valkey.config import Node, Settings, TLSSettings, settings_from_mapping
+from lmcache_valkey.config import Node, Settings, settings_from_mapping
 from lmcache_valkey.transport.resp.parser import ReplyParser, encode_command
 
 DEBIAN_VALKEY = "/usr/bin/valkey-server"

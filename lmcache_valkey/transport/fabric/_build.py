@@ -119,13 +119,11 @@ def _check_build_tools() -> None:
     library); without it cffi's own error suggests nothing a user can act on."""
     if sys.version_info < (3, 12):
         return
-    try:
-        import setuptools  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("setuptools") is None:
         raise BuildError(
             f"building the libfabric binding needs setuptools on Python {sys.version_info.major}."
             f"{sys.version_info.minor}: {sys.executable} -m pip install 'setuptools>=68' "
-            "(lmcache-valkey requires it there; an install with --no-deps skips it)") from None
+            "(lmcache-valkey requires it there; an install with --no-deps skips it)")
 
 
 def _ffibuilder(lf: Libfabric, name: str, source: str):  # -> cffi.FFI

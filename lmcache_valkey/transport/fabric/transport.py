@@ -39,7 +39,7 @@ from .. import read_window
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
-from .link import EndpointSpec, FabricLink, NoSlot, Plan, Range, byte_view
+from .link import EndpointSpec, FabricLink, NoSlot, Range, byte_view
 from .sessions import ErrorReply, SessionPool
 
 log = logging.getLogger(__name__)
