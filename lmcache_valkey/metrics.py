@@ -7,8 +7,8 @@ so that a metrics call can never turn a hit into an error, and label cardinality
 No key, namespace or tenant ever becomes a label.
 
 Multi-process servers: when ``PROMETHEUS_MULTIPROC_DIR`` is set before ``prometheus_client`` is
-first imported (vLLM sets it for its API server and workers), every process writes its samples
-to that directory, gauges aggregate with the ``multiprocess_mode`` given below, and
+first imported, every process writes its samples to that directory (vLLM creates one itself
+only with ``--api-server-count`` > 1; with one API server the operator sets it, docs/metrics.md), gauges aggregate with the ``multiprocess_mode`` given below, and
 :func:`render_latest` / :func:`start_http_server` collect all processes with a
 ``MultiProcessCollector``. Otherwise the metrics live in the default registry, so a host
 process that already serves ``prometheus_client.REGISTRY`` (vLLM's ``/metrics``) exports them too.

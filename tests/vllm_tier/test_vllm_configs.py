@@ -83,3 +83,43 @@ def test_an_unreachable_valkey_stops_the_start_with_the_url(tmp_path) -> None:
     with pytest.raises(Exception) as e:
         Engine(f"valkey://127.0.0.1:{free_port()}", tier_settings={"connect_timeout_s": 0.5})
     assert "127.0.0.1" in str(e.value)
+
+
+def test_vllm_creates_a_multiprocess_directory_only_for_several_api_servers() -> None:
+    """What docs/metrics.md tells operators: `vllm serve` with one API server (the default)
+    leaves PROMETHEUS_MULTIPROC_DIR alone, so our store's series (in the engine process)
+    reach /metrics only when the operator sets it."""
+    import ast
+    import importlib.util
+
+    # Read, not imported: the API server's module needs uvicorn, which this environment lacks.
+    source = pathlib.Path(importlib.util.find_spec("vllm.entrypoints.cli.serve").origin).read_text()
+    tree = ast.parse(source)
+    guarded, unguarded = [], []
+
+    def visit(node, guards):
+        for child in ast.iter_child_nodes(node):
+            g = guards + [ast.unparse(child.test)] if isinstance(child, ast.If) else guards
+            if isinstance(child, ast.Call) and ast.unparse(child.func) == "setup_multiprocess_prometheus":
+                (guarded if guards else unguarded).append(guards)
+            visit(child, g)
+
+    visit(tree, [])
+    assert not unguarded and guarded == [["num_api_servers > 1"]], guarded
+
+
+@pytest.mark.parametrize("multiproc_dir", [None, "set"])
+def test_the_api_server_warns_when_the_stores_series_cannot_reach_metrics(multiproc_dir, monkeypatch, caplog, tmp_path):
+    monkeypatch.delenv("prometheus_multiproc_dir", raising=False)
+    if multiproc_dir:
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    else:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    extra = shipped_config()["kv_connector_extra_config"]
+    with caplog.at_level("WARNING", logger="lmcache_valkey"):
+        TieringOffloadingSpec.build_metric_definitions(extra)
+    warned = [r.getMessage() for r in caplog.records if "PROMETHEUS_MULTIPROC_DIR" in r.getMessage()]
+    if multiproc_dir:
+        assert not warned
+    else:
+        assert len(warned) == 1 and "--api-server-count" in warned[0] and "/metrics" in warned[0]

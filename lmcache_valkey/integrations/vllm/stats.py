@@ -4,8 +4,10 @@ vLLM already counts what every tier shares (bytes and time per job, lookups, hit
 jobs, promotion latency) from the ``JobResult``s a tier reports. These add what only this
 tier knows: blocks by outcome (stored, skipped as already present, failed), and how long
 its batched existence checks take. The store's own Prometheus series (``lmcache_valkey_*``:
-misses by cause, errors, latency per transport) reach vLLM's ``/metrics`` through the
-multi-process directory vLLM sets up (docs/metrics.md).
+misses by cause, errors, latency per transport) live in vLLM's engine process and reach its
+``/metrics`` only through a multi-process directory: vLLM creates one with
+``--api-server-count`` > 1, otherwise the operator sets ``PROMETHEUS_MULTIPROC_DIR``
+(docs/metrics.md; the tier warns at start-up when it is unset).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from ... import metrics
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef
 from .jobs import JobRunner
@@ -241,6 +242,15 @@ class ValkeySecondaryTier(SecondaryTierManager):
         # vLLM calls this in its API server at start-up, before any engine process exists:
         # the first place a malformed setting can stop the start, naming the key.
         parse_tier_settings(extra_config, str(extra_config.get("type", cls.__name__)))
+        if metrics.multiprocess_dir() is None:
+            # The store records in the engine process; this API server serves /metrics from
+            # its own registry unless a multi-process directory joins them (vLLM creates one
+            # only with --api-server-count > 1).
+            log.warning(
+                "PROMETHEUS_MULTIPROC_DIR is not set: the lmcache_valkey_* series (misses by cause, "
+                "errors, latency) stay in vLLM's engine process and are not on /metrics; point it at "
+                "an empty directory before `vllm serve` (vLLM sets it only with --api-server-count > 1; "
+                "docs/metrics.md)")
         return definitions()
 
     def get_stats(self) -> "OffloadingConnectorStats | None":
