@@ -53,9 +53,18 @@ def add_tierd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return p
 
 
+# setting -> the tierd flag that sets it (every other setting comes from --set KEY=VALUE)
+_FLAG_OF_KEY = {"url": "--valkey-url", "tenant": "--tenant", "key_prefix": "--key-prefix",
+                "nvme_dir": "--nvme-dir", "nvme_budget_bytes": "--nvme-budget-bytes", "s3_bucket": "--s3-bucket",
+                "s3_prefix": "--s3-prefix", "s3_endpoint_url": "--s3-endpoint-url", "s3_region": "--s3-region",
+                "flush_queue_max": "--flush-queue-max", "admission": "--admission",
+                "recompute_budget_s": "--recompute-budget-s"}
+
+
 def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, TieringSettings]:
     """tierd's settings from its flags, through the one entry point every component uses
-    (``lmcache_valkey.settings.load_settings``); ``--set KEY=VALUE`` takes any other key."""
+    (``lmcache_valkey.settings.load_settings``); ``--set KEY=VALUE`` takes any other key. A
+    bad value is named as the user wrote it: the flag, or ``--set KEY``."""
     raw: dict[str, Any] = {"url": args.valkey_url, "tenant": args.tenant, "key_prefix": args.key_prefix,
                            "tiering": "service", "nvme_budget_bytes": args.nvme_budget_bytes,
                            "s3_prefix": args.s3_prefix, "flush_queue_max": args.flush_queue_max,
@@ -63,10 +72,19 @@ def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, Tierin
     for k in ("nvme_dir", "s3_bucket", "s3_endpoint_url", "s3_region"):
         if getattr(args, k, None):
             raw[k] = getattr(args, k)
+    named = dict(_FLAG_OF_KEY)
     for kv in args.set:
-        k, _, v = kv.partition("=")
+        k, eq, v = kv.partition("=")
+        if not eq or not k.strip():
+            raise ConfigError("--set", "KEY=VALUE (e.g. --set demote_idle_s=600)", kv)
         raw[k.strip()] = v.strip()
-    settings, ts = load_settings(raw, key_prefix="--")
+        named[k.strip()] = f"--set {k.strip()}"
+    try:
+        settings, ts = load_settings(raw)
+    except ConfigError as e:
+        key, _, rest = e.key.partition("?")  # url?<key>: a setting in the URL's query string
+        where = named.get(key, key) + (f" (?{rest})" if rest else "")
+        raise ConfigError(where, e.expected, e.got) from None
     if ts.nvme_dir is None and ts.s3_bucket is None:
         raise ConfigError("--nvme-dir", "--nvme-dir and/or --s3-bucket (tierd needs a tier to manage)")
     return settings, ts

@@ -230,6 +230,13 @@ def _dashboard_redis_names() -> set[str]:
     return {n for e in exprs for n in re.findall(r"\bredis_\w+", e)}
 
 
+def test_the_dashboard_shows_valkeys_memory_evictions_and_clients():
+    dash = json.loads((CHART / "dashboards" / "lmcache-valkey.json").read_text())
+    shown = {n for p in dash["panels"] for t in p.get("targets", []) for n in re.findall(r"\bredis_\w+", t["expr"])}
+    assert {"redis_memory_used_bytes", "redis_memory_max_bytes", "redis_evicted_keys_total",
+            "redis_connected_clients"} <= shown  # each checked against a real scrape below
+
+
 def test_exporter_sidecar_scrapes_valkey_as_the_operators_user():
     values = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}, "metrics": {"exporter": {"enabled": True}}}
     container = _container(values, "exporter")

