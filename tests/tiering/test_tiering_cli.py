@@ -149,6 +149,7 @@ def test_tierd_without_the_s3_extra_names_it_and_exits_2(small_valkey, tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "pip install 'lmcache-valkey[s3]'" in r.stderr and "ModuleNotFoundError" not in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_tierd_exit_codes_are_documented() -> None:
@@ -169,3 +170,29 @@ def test_a_bad_tierd_flag_is_named_as_the_user_wrote_it(small_valkey, tmp_path, 
     assert len(r.stderr.strip().splitlines()) == 1 and named in r.stderr, r.stderr
     r = _cli("tierd", "--valkey-url", "http://valkey:6379", "--nvme-dir", str(tmp_path / "nvme"))
     assert r.returncode == 2 and "'--valkey-url'" in r.stderr, r.stderr
+
+
+def test_tierd_stopped_with_chunks_it_could_not_flush_exits_3(small_valkey, nvme_dir, moto_s3) -> None:
+    """The documented exit code 3: SIGTERM while the object store is down leaves uploads its
+    bounded drain cannot finish; tierd says how many and exits 3 (0 is for a clean stop)."""
+    moto_s3.create_bucket()
+    moto_s3.stop()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
+         "--nvme-dir", nvme_dir, "--s3-bucket", moto_s3.bucket, "--s3-endpoint-url", moto_s3.url,
+         "--admission", "always", "--set", "request_block_s=0.2", "--set", "s3_timeout_s=1",
+         "--set", "s3_max_retries=20", "--drain-timeout-s", "1"],  # uploads wait, never given up
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _put_with_hints(small_valkey, [chunk(i, 100_000) for i in range(2)])
+        deadline = time.monotonic() + 60
+        while True:  # tierd has taken the chunks (NVMe copies written, S3 uploads pending)
+            r = _cli("stats", "--url", small_valkey.url, "--tenant", "t1", "--json", "--timeout", "20")
+            if r.returncode == 0 and json.loads(r.stdout)["index"]["nvme"]["chunks"] == 2:
+                break
+            assert time.monotonic() < deadline, r.stdout + r.stderr
+            time.sleep(0.2)
+    finally:
+        out = sigterm_and_collect(proc)
+    assert proc.returncode == 3, out
+    assert re.search(r"tierd: 2 chunk\(s\) were not flushed to the object tier", out), out
