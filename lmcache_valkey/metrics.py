@@ -115,6 +115,7 @@ OPS = (
     "evict",
     "connect",
     "register",
+    "scan",  # a SCAN walk listing keys (transport/scan.py)
 )
 BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
 ADMISSION_DECISIONS = ("admitted", "rejected")

@@ -560,9 +560,17 @@ class ChunkStore:
         return out
 
     async def iter_ids(self) -> AsyncIterator[str]:
-        """Chunk ids of this namespace in Valkey RAM, as the server's SCAN yields them."""
+        """Chunk ids of this namespace in Valkey RAM, as the server's SCAN yields them. The
+        walk is bounded (docs/scan-bounds.md): a server that lies about its cursor ends it
+        with a counted ``TransportError``; a key outside the namespace is counted and skipped."""
         async for key in self.transport.scan_iter(self.namespace.data_pattern()):
-            yield self.namespace.chunk_id_of(key)
+            try:
+                chunk = self.namespace.chunk_id_of(key)
+            except ValueError:  # the pattern asked for data keys of this namespace only
+                metrics.record_error("scan", "protocol")
+                log.warning("SCAN answered a key outside namespace %s: %r", self.namespace.digest, key[:80])
+                continue
+            yield chunk
 
     async def peek_headers(self, chunk_ids: Sequence[str]) -> list[codec.Header | None]:
         """Each chunk's verified header (metadata, payload length) without moving its payload:

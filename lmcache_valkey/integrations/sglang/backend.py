@@ -294,8 +294,9 @@ class ValkeyHiCacheStorage(HiCacheStorage):
         store = self._store
         removed = self._run(_clear(store), max(self._op_timeout, 60.0), None)
         if removed is None:
-            log.error("lmcache-valkey SGLang backend: could not clear namespace %s (listing pages needs SCAN, "
-                      "which the tenant's worker ACL user does not have; an operator can remove it)",
+            log.error("lmcache-valkey SGLang backend: could not clear namespace %s (listing its pages failed: it "
+                      "needs SCAN, which the tenant's worker ACL user does not have, and a server whose SCAN walk "
+                      "does not end is refused, docs/scan-bounds.md; an operator can remove it)",
                       store.namespace.digest)
             return False
         log.info("lmcache-valkey SGLang backend: cleared namespace %s (%d pages)", store.namespace.digest, removed)

@@ -36,6 +36,7 @@ from lmcache_valkey.errors import (
 )
 
 from .. import read_window
+from ..scan import scan_walk
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
@@ -45,6 +46,7 @@ from .sessions import ErrorReply, SessionPool
 log = logging.getLogger(__name__)
 
 DATA_PATHS = ("rma", "bulk")
+_CONTROL_TIMEOUT_S = 5.0  # one control command (SCAN step, diagnostics) without a caller's deadline
 
 # ``_op``'s callbacks. ``ArgsFor(ms)``: the command, given the milliseconds the server may
 # take (or ``(_PIPELINE, [cmd, ...])``: plain commands in one round trip); ``After(reply)``:
@@ -514,13 +516,12 @@ class FabricTransport:
         return [bool(r) for r in replies]
 
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
-        cursor = b"0"
-        while True:
-            cursor, keys = await self.command("SCAN", cursor, "MATCH", match, "COUNT", count)
-            for k in keys:
-                yield k
-            if cursor in (b"0", 0, "0"):
-                return
+        """SCAN this node on plain connections; the walk is bounded (``transport/scan.py``)."""
+        async def call(cursor: bytes, wait: float) -> Any:
+            return await self._call(lambda ms: ["SCAN", cursor, "MATCH", match, "COUNT", count], None, wait)
+
+        async for k in scan_walk(self._plain_pool.where, call, _CONTROL_TIMEOUT_S):
+            yield k
 
     async def ping(self, *, timeout: float) -> None:
         await self.command("PING", timeout=timeout)

@@ -29,6 +29,7 @@ from ...errors import (
     TransportError,
     TryAgain,
 )
+from ..scan import scan_walk
 from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
 from .connection import SMALL_JOIN, make_ssl_context
 from .parser import SimpleString, as_byte_view, describe, encode_command
@@ -484,21 +485,14 @@ class RespClient:
         return results
 
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
-        """SCAN every primary for keys matching ``match``."""
-        timeout = self.settings.op_timeout_s
+        """SCAN every primary for keys matching ``match``; each node's walk is bounded
+        (:func:`~lmcache_valkey.transport.scan.scan_walk`)."""
         for node in self.primaries():
-            cursor = b"0"
-            while True:
-                reply = await self._node_call(node, (b"SCAN", cursor, b"MATCH", match, b"COUNT", count), timeout)
-                if (not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not bytes
-                        or not reply[0].isdigit() or not isinstance(reply[1], list)
-                        or not all(type(k) is bytes for k in reply[1])):
-                    raise ProtocolError(f"unexpected SCAN reply: {describe(reply)}")
-                cursor, keys = reply[0], reply[1]
-                for k in keys:
-                    yield k
-                if cursor == b"0":
-                    break
+            async def call(cursor: bytes, wait: float, node: Node = node) -> Any:
+                return await self._node_call(node, (b"SCAN", cursor, b"MATCH", match, b"COUNT", count), wait)
+
+            async for k in scan_walk(node.name, call, self.settings.op_timeout_s):
+                yield k
 
     async def ping(self, *, timeout: float) -> None:
         if self._cluster:
