@@ -206,3 +206,31 @@ def test_every_path_the_readme_names_exists():
         if path.startswith("endpoint/build"):
             continue  # what `make -C endpoint` writes
         assert list(ROOT.glob(path.rstrip("/"))), path
+
+
+def test_every_chart_value_the_readme_names_exists():
+    import yaml
+
+    values = yaml.safe_load((ROOT / "charts/lmcache-valkey/values.yaml").read_text())
+    named = set(re.findall(r"`((?:%s)\.[\w.*]+)(?:=[^`]*)?`" % "|".join(values), (ROOT / "README.md").read_text()))
+    assert {"metrics.exporter.enabled", "metrics.prometheusRule.enabled", "valkey.module.source"} <= named
+    for path in sorted(named):
+        node = values
+        for part in path.split("."):
+            if part == "*":
+                assert isinstance(node, dict) and node, path
+                break
+            assert isinstance(node, dict) and part in node, path
+            node = node[part]
+
+
+def test_the_layout_names_every_package_and_only_what_exists():
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout"):]
+    inner = layout[layout.index("`lmcache_valkey/` (") + len("`lmcache_valkey/` ("):layout.index("), `endpoint/`")]
+    named = {n.rstrip("/") for n in re.findall(r"`([a-z_][a-z0-9_/]*)`", inner)}
+    for name in named:
+        assert (ROOT / "lmcache_valkey" / f"{name}.py").is_file() or (ROOT / "lmcache_valkey" / name).is_dir(), name
+    packages = {str(p.parent.relative_to(ROOT / "lmcache_valkey")) for p in (ROOT / "lmcache_valkey").glob("**/__init__.py")}
+    packages.discard(".")
+    assert packages <= named | {"transport", "integrations"}, packages - named  # parents of named ones
