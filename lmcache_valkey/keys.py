@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from .errors import ConfigError
 
@@ -115,8 +115,25 @@ class Namespace:
     def _hashers(self) -> tuple[Any, Any]:
         return _keyed_hashers(self._key)
 
+    @cached_property
+    def _data_head(self) -> str:
+        return f"{self.prefix}:{self.tenant}:{self.digest}:{DATA}:{{"
+
+    @cached_property
+    def _marker_head(self) -> str:
+        return f"{self.prefix}:{self.tenant}:{self.digest}:{TIER_MARKER}:{{"
+
     def data_key(self, chunk_id: str) -> bytes:
-        return f"{self.base}:{DATA}:{{{chunk_id}}}".encode()
+        return f"{self._data_head}{chunk_id}}}".encode()
+
+    def data_keys(self, chunk_ids: Iterable[str]) -> list[bytes]:
+        """:meth:`data_key` of each id (a lookup's hot path: one format per id, no calls)."""
+        head = self._data_head
+        return [f"{head}{c}}}".encode() for c in chunk_ids]
+
+    def marker_keys(self, chunk_ids: Iterable[str]) -> list[bytes]:
+        head = self._marker_head
+        return [f"{head}{c}}}".encode() for c in chunk_ids]
 
     def chunk_id(self, key_string: str) -> str:
         """The chunk id of an engine's key string in this namespace. Every adapter derives ids
@@ -134,7 +151,7 @@ class Namespace:
         return h.digest()
 
     def marker_key(self, chunk_id: str) -> bytes:
-        return f"{self.base}:{TIER_MARKER}:{{{chunk_id}}}".encode()
+        return f"{self._marker_head}{chunk_id}}}".encode()
 
     def data_pattern(self) -> bytes:
         return f"{self.base}:{DATA}:*".encode()
@@ -149,6 +166,37 @@ class Namespace:
     def tenant_pattern(self) -> str:
         """The ACL key pattern that confines a user to this tenant."""
         return f"~{self.prefix}:{self.tenant}:*"
+
+
+class ChunkIds:
+    """Chunk ids of an engine's key strings in one namespace, remembered (at most
+    ``max_entries``, then forgotten all at once).
+
+    An engine asks about the same keys again and again (every request looks its whole prefix
+    up, then gets or puts those chunks), and an id costs a keyed hash: a dictionary hit is a
+    fraction of that. Holds nothing secret beyond what key names show.
+    """
+
+    def __init__(self, namespace: Namespace, max_entries: int = 1 << 16) -> None:
+        self.namespace = namespace
+        self._ids: dict[str, str] = {}
+        self._max = max_entries
+
+    def of(self, key_string: str) -> str:
+        c = self._ids.get(key_string)
+        if c is None:
+            if len(self._ids) >= self._max:
+                self._ids.clear()
+            c = self._ids[key_string] = self.namespace.chunk_id(key_string)
+        return c
+
+    def many(self, key_strings: list[str]) -> list[str]:
+        ids: list[Any] = list(map(self._ids.get, key_strings))
+        if None in ids:
+            for i, c in enumerate(ids):
+                if c is None:
+                    ids[i] = self.of(key_strings[i])
+        return ids
 
 
 def make_namespace(prefix: str, tenant: str, fields: Mapping[str, Any], override: str | None = None,

@@ -37,6 +37,7 @@ from .codec import HEADER_SIZE, ChunkMeta, Payload
 from .config import Settings
 from .errors import CorruptChunk, DeadlineExceeded, TransportError
 from .keys import Namespace
+from .timeouts import timeout as deadline
 
 if TYPE_CHECKING:
     from .tiering.settings import TieringSettings
@@ -161,7 +162,7 @@ class ChunkStore:
         found = await self._exists_any_tier(chunk_ids)
         if found is None:
             return 0
-        prefix = next((i for i, f in enumerate(found) if not f), len(found))
+        prefix = _prefix(found)
         metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
         return prefix
 
@@ -177,27 +178,27 @@ class ChunkStore:
         found = await self._exists_any_tier(chunk_ids)
         if found is None:
             return [False] * len(chunk_ids)
-        prefix = next((i for i, f in enumerate(found) if not f), len(found))
-        metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
+        metrics.record_lookup(len(chunk_ids), _prefix(found), time.perf_counter() - started)
         return found
 
     async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
         """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
         marker) present? ``None`` when the lookup failed or missed its deadline (counted)."""
-        keys = [self.namespace.data_key(c) for c in chunk_ids]
+        keys = self.namespace.data_keys(chunk_ids)
         if self.tiers is not None:
             # Value and marker share a slot; one pipelined pass answers "any tier".
-            keys += [self.namespace.marker_key(c) for c in chunk_ids]
+            keys += self.namespace.marker_keys(chunk_ids)
         timeout = self.settings.lookup_timeout_s
         try:
-            found = await asyncio.wait_for(self.transport.exists_many(keys, timeout=timeout), timeout + _GRACE_S)
+            async with deadline(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
+                found = await self.transport.exists_many(keys, timeout=timeout)
         except (TransportError, asyncio.TimeoutError) as e:
             metrics.record_error("lookup", _cause(e))
             log.warning("lookup of %d chunks failed (%s): treating as a miss", len(chunk_ids), e)
             return None
         n = len(chunk_ids)
         if self.tiers is None:
-            return [bool(f) for f in found[:n]]
+            return list(map(bool, found[:n]))
         out = [bool(found[i] or found[n + i]) for i in range(n)]
         # A lower tier may hold a chunk whose marker Valkey evicted (allkeys-*): report the
         # first misses, so the tier manager re-creates what it has (docs/tiering-tiers.md).
@@ -710,6 +711,14 @@ async def _payload_crcs(payloads: Sequence[Sequence[memoryview]], *, overlap: bo
 
 async def _done(value: int) -> int:
     return value
+
+
+def _prefix(found: list[bool]) -> int:
+    """How many from the first are true (a C-level scan: a lookup may hold thousands)."""
+    try:
+        return found.index(False)
+    except ValueError:
+        return len(found)
 
 
 def _cause(e: BaseException) -> str:

@@ -255,3 +255,30 @@ def test_fuzz_mutated_valid_streams(parts, edits, sizes, bound, sink_caps) -> No
         else:
             data[i:i] = b"9" * (byte % 24)
     _check_one(bytes(data), sizes, bound, sink_caps)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    parts=st.lists(st.sampled_from(VALID + [b":0\r\n", b":1\r\n"] * 6), min_size=1, max_size=40),
+    edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=3),
+    sizes=st.lists(st.integers(1, 64), max_size=8),
+    runs=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+)
+def test_fuzz_flag_runs(parts, edits, sizes, runs) -> None:
+    """Pipelined EXISTS replies read as flag runs: values or ProtocolError, nothing else; a
+    run delivers exactly as many flags as it expected, and anything but :0/:1 is set aside."""
+    data = bytearray(b"".join(parts))
+    for pos, byte in edits:
+        if data:
+            data[pos % len(data)] = byte
+    out: list = []
+    p = ReplyParser(out.append)
+    for n in runs:
+        p.push_flags(n)
+    try:
+        _feed_all(p, bytes(data), sizes)
+    except ProtocolError:
+        pass
+    for run, n in zip(out, runs):
+        assert len(run.flags) == n and set(run.flags) <= {0, 1}
+        assert all(run.flags[i] == 0 for i in run.odd)

@@ -257,3 +257,66 @@ def test_payload_sink_gets_the_payload_checksum_in_any_chunking():
         assert replies == [len(value)]
         assert bytes(head) == value[:512] and bytes(body[:4488]) == value[512:]
         assert sink.crc == crc32c(value[512:])
+
+
+def _flag_stream(replies: list[bytes]) -> bytes:
+    return b"".join(replies)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_flag_run_collects_exists_replies_in_any_chunking(seed: int) -> None:
+    rng = random.Random(seed)
+    bits = [rng.choice((0, 1)) for _ in range(rng.choice((1, 3, 64, 512, 5000)))]
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_no_sinks(1)
+    p.push_flags(len(bits))
+    p.push_no_sinks(1)
+    for piece in _splits(b"+OK\r\n" + b"".join(b":%d\r\n" % b for b in bits) + b":7\r\n", rng):
+        p.feed(piece)
+    assert len(out) == 3 and out[0] == b"OK" and out[2] == 7
+    run = out[1]
+    assert list(run.flags) == bits and run.odd == {} and p.idle
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_other_replies_inside_a_flag_run_are_kept_aside_by_position(seed: int) -> None:
+    rng = random.Random(seed)
+    n = 300
+    replies = [b":%d\r\n" % rng.choice((0, 1)) for _ in range(n)]
+    odd_at = sorted(rng.sample(range(n), 4))
+    replies[odd_at[0]] = b"-MOVED 3999 127.0.0.1:6381\r\n"
+    replies[odd_at[1]] = b":12\r\n"
+    replies[odd_at[2]] = b"*2\r\n:1\r\n$1\r\nx\r\n"
+    replies[odd_at[3]] = b"-NOPERM no\r\n"
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_flags(n)
+    for piece in _splits(b"".join(replies), rng):
+        p.feed(piece)
+    (run,) = out
+    assert len(run.flags) == n and set(run.odd) == set(odd_at)
+    assert run.odd[odd_at[1]] == 12 and run.odd[odd_at[2]] == [1, b"x"]
+    assert isinstance(run.odd[odd_at[3]], AuthError)
+    for i, r in enumerate(replies):
+        if i not in odd_at:
+            assert run.flags[i] == int(r[1:2])
+        else:
+            assert run.flags[i] == 0
+
+
+def test_a_flag_run_holds_each_odd_reply_to_the_small_reply_bound() -> None:
+    p = ReplyParser(lambda v: None)
+    p.push_flags(2)
+    with pytest.raises(ProtocolError, match="bound"):
+        p.feed(b":1\r\n$999999\r\n")
+
+
+def test_a_flag_run_is_forgotten_when_the_connection_is_abandoned() -> None:
+    out: list = []
+    p = ReplyParser(out.append)
+    p.push_flags(3)
+    p.feed(b":1\r\n:0")
+    p.abandon()
+    p.feed(b"\r\n:1\r\n")
+    assert out == [] and not p.filling

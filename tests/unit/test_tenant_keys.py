@@ -5,7 +5,7 @@ import pytest
 
 from lmcache_valkey.config import settings_from_mapping
 from lmcache_valkey.errors import ConfigError
-from lmcache_valkey.keys import make_namespace
+from lmcache_valkey.keys import ChunkIds, make_namespace
 from lmcache_valkey.session import namespace_for
 
 FIELDS = {"model": "m", "kv_dtype": "bf16", "chunk_size": 256}
@@ -55,3 +55,15 @@ def test_a_bad_secret_fails_at_start_up_naming_the_key_not_the_secret(raw, env, 
         settings_from_mapping(raw, env=env)
     assert e.value.key == key
     assert "short-secret" not in str(e.value) and "1234567890" not in str(e.value)
+
+
+def test_remembered_ids_are_the_ids_the_namespace_derives_and_stay_bounded():
+    ns = make_namespace("lmcv", "acme", {"model": "m"}, secret=b"s" * 32)
+    ids = ChunkIds(ns, max_entries=8)
+    strings = [f"m@1@0@{i:x}@bfloat16" for i in range(20)]
+    assert ids.many(strings) == [ns.chunk_id(s) for s in strings]
+    assert ids.many(strings[:5]) == [ns.chunk_id(s) for s in strings[:5]]  # asked again
+    assert ids.of(strings[7]) == ns.chunk_id(strings[7])
+    assert len(ids._ids) <= 8
+    assert ns.data_keys(ids.many(strings[:3])) == [ns.data_key(ns.chunk_id(s)) for s in strings[:3]]
+    assert ns.marker_keys(["ab"]) == [ns.marker_key("ab")] == [f"{ns.base}:t:{{ab}}".encode()]

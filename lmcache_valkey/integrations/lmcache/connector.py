@@ -26,7 +26,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from ... import metrics
 from ...codec import ChunkLayout, ChunkMeta
 from ...config import Settings
-from ...keys import Namespace
+from ...keys import ChunkIds, Namespace
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef, ChunkStore, GetResult
 
@@ -77,6 +77,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.settings = settings
         self.namespace: Namespace = namespace_for(settings, namespace_fields(config, metadata, self))
+        self._ids = ChunkIds(self.namespace)
         self._session = StoreSession(settings, self.namespace, tiering, arena=self._arena())
         self._io = self._session.io
         self.store: ChunkStore = self._session.store
@@ -107,7 +108,11 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     def _ref(self, key: CacheEngineKey) -> ChunkRef:
         s = key.to_string()
-        return ChunkRef(self.namespace.chunk_id(s), s)
+        return ChunkRef(self._ids.of(s), s)
+
+    def _chunk_ids(self, keys: Sequence[CacheEngineKey]) -> list[str]:
+        """A lookup's hot path: key strings to (remembered) ids, no object per key."""
+        return self._ids.many([k.to_string() for k in keys])
 
     def _allocate(self) -> Optional[MemoryObj]:
         # busy_loop=False: never stall the I/O loop waiting for LMCache to evict.
@@ -152,7 +157,7 @@ class ValkeyRemoteConnector(RemoteConnector):
                 fmt=int(o.meta.fmt.value),
                 key=s,
             )
-            items.append((ChunkRef(self.namespace.chunk_id(s), s), meta, o.byte_array))
+            items.append((ChunkRef(self._ids.of(s), s), meta, o.byte_array))
         try:
             return await self.store.put_many(items)
         finally:
@@ -162,11 +167,11 @@ class ValkeyRemoteConnector(RemoteConnector):
     # --------------------------------------------------------- RemoteConnector
 
     async def exists(self, key: CacheEngineKey) -> bool:
-        return await self._io.run(self.store.exists(self._ref(key).chunk_id))
+        return await self._io.run(self.store.exists(self._ids.of(key.to_string())))
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
         try:
-            return self._io.run_sync(self.store.exists(self._ref(key).chunk_id), self.settings.lookup_timeout_s * 2)
+            return self._io.run_sync(self.store.exists(self._ids.of(key.to_string())), self.settings.lookup_timeout_s * 2)
         except Exception as e:
             log.warning("exists_sync failed: %s", e)
             return False
@@ -176,9 +181,7 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     def batched_contains(self, keys: List[CacheEngineKey]) -> int:
         try:
-            return self._io.run_sync(
-                self.store.contains_prefix([self._ref(k).chunk_id for k in keys]), self.settings.lookup_timeout_s * 2
-            )
+            return self._io.run_sync(self.store.contains_prefix(self._chunk_ids(keys)), self.settings.lookup_timeout_s * 2)
         except Exception as e:
             log.warning("batched_contains failed: %s", e)
             return 0
@@ -187,7 +190,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        return await self._io.run(self.store.contains_prefix([self._ref(k).chunk_id for k in keys]))
+        return await self._io.run(self.store.contains_prefix(self._chunk_ids(keys)))
 
     async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
         return (await self._io.run(self._get_many([key]), on_orphan=_release_all))[0]
@@ -225,7 +228,7 @@ class ValkeyRemoteConnector(RemoteConnector):
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
         try:
-            return self._io.run_sync(self.store.delete([self._ref(key).chunk_id]), self.settings.op_timeout_s) > 0
+            return self._io.run_sync(self.store.delete([self._ids.of(key.to_string())]), self.settings.op_timeout_s) > 0
         except Exception as e:
             log.warning("remove_sync failed: %s", e)
             return False

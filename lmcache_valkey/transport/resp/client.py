@@ -32,7 +32,7 @@ from ...errors import (
 from ..scan import scan_walk
 from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
 from .connection import SMALL_JOIN, make_ssl_context
-from .parser import SimpleString, as_byte_view, describe, encode_command
+from .parser import FlagRun, SimpleString, as_byte_view, describe, encode_command
 from .pool import PENDING, NodePool, Op, run_ops
 
 __all__ = ["RespClient"]
@@ -86,6 +86,16 @@ def _sink(bufs: Any) -> list[memoryview]:
         bufs[:] = [as_byte_view(b, writable=True) for b in bufs]
         return bufs
     return [as_byte_view(b, writable=True) for b in bufs]
+
+
+def _exists_pipeline(keys: Sequence[bytes]) -> bytes:
+    """``EXISTS key`` for each key, back to back. Keys of one namespace have one length:
+    then the commands are one join around a shared prefix, not a format per key."""
+    n = len(keys[0])
+    if all(len(k) == n for k in keys):
+        head = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n" % n
+        return b"".join((head, (b"\r\n" + head).join(keys), b"\r\n"))
+    return b"".join([b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys])
 
 
 REFRESH_MIN_INTERVAL_S = 1.0
@@ -398,43 +408,55 @@ class RespClient:
 
         Raises the first error if any key could not be checked (DeadlineExceeded
         past the deadline). Keys that answer MOVED/ASK are re-asked at their new node.
+        The replies come back as one :class:`~.parser.FlagRun` per node: a lookup of many
+        keys costs a few byte-string operations, not a Python call per key.
         """
         if not keys:
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        groups: dict[Node, list[int]] = {}
         if self._cluster:
+            groups: dict[Node, list[int]] = {}
             for i, k in enumerate(keys):
                 groups.setdefault(self._route(k), []).append(i)
+            parts = [(node, idxs, [keys[i] for i in idxs]) for node, idxs in groups.items()]
         else:
-            groups[self._primary] = list(range(len(keys)))
-        ops, order = [], []
-        for j, (node, idxs) in enumerate(groups.items()):
-            data = b"".join([b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(keys[i]), keys[i]) for i in idxs])
-            op = Op(j, (data,), None)
-            op.node, op.nreplies = node, len(idxs)
+            parts = [(self._primary, None, keys)]
+        ops = []
+        for j, (node, _, ks) in enumerate(parts):
+            op = Op(j, (_exists_pipeline(ks),), None)
+            op.node, op.nreplies, op.flags = node, len(ks), True
             ops.append(op)
-            order.append(idxs)
-        out: list[Any] = [None] * len(keys)
-        redirected: list[int] = []
-        for idxs, values in zip(order, await self._run(ops, large=False, timeout=timeout)):
-            if isinstance(values, BaseException):
-                raise values
-            for i, v in zip(idxs, values):
-                if isinstance(v, (Redirect, TryAgain)):
-                    redirected.append(i)
-                out[i] = v
-        if redirected:  # slots moved under us: per key, following redirections
-            ops = [Op(j, (encode_command((b"EXISTS", keys[i])),), None, keys[i]) for j, i in enumerate(redirected)]
-            for i, v in zip(redirected, await self._run(ops, large=False, timeout=max(0.0, deadline - loop.time()))):
-                out[i] = v
-        for v in out:
-            if isinstance(v, BaseException):
-                raise v
-            if type(v) is not int or not 0 <= v <= 1:  # EXISTS of one key: 0 or 1, nothing else
-                raise ProtocolError(f"unexpected EXISTS reply: {describe(v)}")
-        return [v == 1 for v in out]
+        runs = await self._run(ops, large=False, timeout=timeout)
+        found = bytearray(len(keys)) if self._cluster else None
+        odd: dict[int, Any] = {}
+        for (_, idxs, _), run in zip(parts, runs):
+            if isinstance(run, BaseException):
+                raise run
+            if type(run) is not FlagRun:
+                raise ProtocolError(f"unexpected EXISTS replies: {describe(run)}")
+            if idxs is None:
+                found = run.flags
+                odd = run.odd
+            else:
+                for i, f in zip(idxs, run.flags):
+                    found[i] = f  # type: ignore[index]
+                odd.update((idxs[j], v) for j, v in run.odd.items())
+        if odd:
+            redirected = [i for i, v in odd.items() if isinstance(v, (Redirect, TryAgain))]
+            if redirected:  # slots moved under us: per key, following redirections
+                ops = [Op(j, (encode_command((b"EXISTS", keys[i])),), None, keys[i]) for j, i in enumerate(redirected)]
+                left = max(0.0, deadline - loop.time())
+                for i, v in zip(redirected, await self._run(ops, large=False, timeout=left)):
+                    odd[i] = v
+            for v in odd.values():
+                if isinstance(v, BaseException):
+                    raise v
+                if type(v) is not int or not 0 <= v <= 1:  # EXISTS of one key: 0 or 1, nothing else
+                    raise ProtocolError(f"unexpected EXISTS reply: {describe(v)}")
+            for i, v in odd.items():
+                found[i] = v  # type: ignore[index]
+        return list(map(bool, found))  # type: ignore[arg-type]
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""

@@ -223,20 +223,27 @@ class Connection(asyncio.BufferedProtocol):
                 self._pump()
         return True
 
-    def send_pipeline(self, data: bytes, n: int, cb: Callback, bound: int = SMALL_REPLY_MAX) -> bool:
+    def send_pipeline(self, data: bytes, n: int, cb: Callback, bound: int = SMALL_REPLY_MAX, *,
+                      flags: bool = False) -> bool:
         """Queue ``n`` small commands already encoded back to back in ``data``.
 
         ``cb(values)`` runs once with the list of the ``n`` replies (error
         replies and, if the connection breaks, ConnectionLost as elements);
-        each reply is held to ``bound`` bytes.
+        each reply is held to ``bound`` bytes. ``flags``: each command answers ``:0`` or
+        ``:1`` (EXISTS of one key), and ``cb`` gets one :class:`~.parser.FlagRun` instead
+        (or the exception object if the connection breaks).
         """
         if self.broken:
             return False
         if not self._cbs:
             self.round_trips += 1
         self.requests += n
-        self.parser.push_no_sinks(n, bound)
-        self._cbs.append(_Gather(n, cb))
+        if flags:
+            self.parser.push_flags(n)
+            self._cbs.append(cb)
+        else:
+            self.parser.push_no_sinks(n, bound)
+            self._cbs.append(_Gather(n, cb))
         if data:
             self._out.append(data)
             if not self._paused:

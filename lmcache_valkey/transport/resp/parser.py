@@ -21,6 +21,12 @@ inside an array (EXEC, pipelines) one bad element must not hide the others.
 A status reply (``+OK``) is a :class:`SimpleString`, so it is never confused
 with a bulk string holding the same bytes.
 
+A *flag run* (:meth:`ReplyParser.push_flags`) stands for the ``n`` replies of a pipeline
+of commands that each answer ``:0`` or ``:1`` (``EXISTS`` of one key): they are checked
+and collected with a few byte-string operations per received piece, not one call per
+reply, and delivered as one :class:`FlagRun`. Any other reply inside the run is parsed
+the ordinary way, within ``SMALL_REPLY_MAX``, and kept aside by its position.
+
 The server is not trusted (docs/resp-reply-bounds.md). Each expected reply
 carries a *bound*: the most bytes it may hold outside its sink (integers,
 statuses, errors, sink-less bulks, array elements at ``ITEM_COST`` each). A
@@ -53,6 +59,7 @@ __all__ = [
     "describe",
     "Sink",
     "SMALL_REPLY_MAX",
+    "FlagRun",
 ]
 
 Sink = Sequence[memoryview]
@@ -82,6 +89,28 @@ _LINES = 0  # receiving into the scratch buffer, parsing lines
 _FILL = 1  # receiving straight into the current sink buffer
 
 _EMPTY: list[memoryview] = []
+
+# A flag run's expected replies, 4 bytes each: ':0\r\n' or ':1\r\n'.
+_FLAGS: Any = object()  # stands in the sink queue for a whole run
+_FLAG_REPLY = b":0\r\n"
+_ONE_AS_ZERO = bytes.maketrans(b"1", b"0")  # both flag replies look like _FLAG_REPLY
+_DIGIT_TO_FLAG = bytes.maketrans(b"01", b"\x00\x01")
+
+
+class FlagRun:
+    """The replies of a run pushed with :meth:`ReplyParser.push_flags`, as one value.
+
+    ``flags[i]`` is 1 or 0 for reply i; a reply that was anything else (an error object, a
+    redirection, another integer, a bulk) has ``flags[i] == 0`` and its parsed value in
+    ``odd[i]``, for the caller to judge.
+    """
+
+    __slots__ = ("flags", "odd", "left")
+
+    def __init__(self, n: int) -> None:
+        self.flags = bytearray()
+        self.odd: dict[int, Any] = {}
+        self.left = n
 
 
 class SimpleString(bytes):
@@ -177,7 +206,7 @@ class ReplyParser:
     __slots__ = (
         "_on_reply", "_buf", "_mv", "_start", "_end", "_mode", "_sinks", "_sink",
         "_tgt", "_ti", "_cur", "_off", "_left", "_drop", "_total", "_pieces",
-        "_await_crlf", "_stack", "_dead", "_crc_from", "_budget", "_bound",
+        "_await_crlf", "_stack", "_dead", "_crc_from", "_budget", "_bound", "_run",
     )
 
     def __init__(self, on_reply: Callable[[Any], None]) -> None:
@@ -204,6 +233,7 @@ class ReplyParser:
         self._dead = False
         # For a PayloadSink: checksum the bytes written into buffers from this index on.
         self._crc_from: int | None = None
+        self._run: FlagRun | None = None  # the flag run being received
 
     # --- sinks -------------------------------------------------------------
 
@@ -215,10 +245,17 @@ class ReplyParser:
         """Expect ``n`` more replies without sinks, each within ``bound`` bytes."""
         self._sinks.extend(repeat((None, bound), n))
 
+    def push_flags(self, n: int) -> None:
+        """Expect ``n`` more replies that should each be ``:0`` or ``:1``, delivered together
+        as one :class:`FlagRun` value (each other reply within ``SMALL_REPLY_MAX``)."""
+        if n > 0:
+            self._sinks.append((_FLAGS, n))
+
     @property
     def idle(self) -> bool:
         """True when no reply is partly received and none is expected."""
-        return not self._sinks and self._sink is None and self._end == self._start and self._mode == _LINES
+        return (not self._sinks and self._sink is None and self._run is None and self._end == self._start
+                and self._mode == _LINES)
 
     def abandon(self) -> None:
         """Forget every sink and stop writing into caller buffers, forever.
@@ -235,6 +272,7 @@ class ReplyParser:
         self._start = self._end = 0
         self._stack.clear()
         self._pieces = None
+        self._run = None
 
     # --- BufferedProtocol-shaped entry points ---------------------------------
 
@@ -409,7 +447,42 @@ class ReplyParser:
             stack.pop()
             v = top[1]
         self._sink = None
-        self._on_reply(v)
+        run = self._run
+        if run is None:
+            self._on_reply(v)
+            return
+        # One reply of a flag run that is not :0/:1: kept aside for the caller.
+        run.odd[len(run.flags)] = v
+        run.flags.append(0)
+        run.left -= 1
+        if not run.left:
+            self._run = None
+            self._on_reply(run)
+
+    def _take_flags(self, run: FlagRun, k: int) -> int:
+        """Consume the leading well-formed flag replies among the next ``k`` (all 4 bytes
+        long, all complete in scratch); returns how many."""
+        s = self._start
+        seg = self._buf[s:s + 4 * k]
+        if seg.translate(_ONE_AS_ZERO) != _FLAG_REPLY * k:
+            # Something else in there: take the well-formed ones before it (found by halving:
+            # this runs only on redirections and errors), then parse that reply alone.
+            masked = seg.translate(_ONE_AS_ZERO)
+            lo, hi = 0, k  # the first lo replies are well-formed; reply hi-1 may not be
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if masked[:4 * mid] == _FLAG_REPLY * mid:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if not k:
+                return 0
+            seg = seg[:4 * k]
+        run.flags += seg[1::4].translate(_DIGIT_TO_FLAG)
+        run.left -= k
+        self._start = s + 4 * k
+        return k
 
     def _process(self) -> None:
         buf = self._buf
@@ -432,6 +505,18 @@ class ReplyParser:
                 continue
             if self._mode == _FILL:
                 return
+            if not self._stack:  # between top-level replies
+                run = self._run
+                if run is None and self._sinks and self._sinks[0][0] is _FLAGS:
+                    run = self._run = FlagRun(self._sinks.popleft()[1])
+                if run is not None:
+                    k = min(run.left, (self._end - self._start) >> 2)
+                    if k and self._take_flags(run, k):
+                        if not run.left:
+                            self._run = None
+                            self._on_reply(run)
+                        continue
+                    # fewer than 4 bytes here, or a reply of another shape: parsed below
             start = self._start
             if start >= self._end:
                 return
@@ -443,11 +528,14 @@ class ReplyParser:
             kind = buf[start]
             self._start = idx + 2
             top_level = not self._stack
-            if top_level:
+            if top_level and self._run is not None:  # an odd reply inside a flag run
+                self._sink = None
+                self._budget = self._bound = SMALL_REPLY_MAX
+            elif top_level:
                 sinks = self._sinks
                 sink, self._bound = sinks.popleft() if sinks else _NO_REQUEST
                 self._budget = self._bound
-                if kind == 58 and sink is None:  # ':' fast path: a run of integer replies (pipelined EXISTS)
+                if kind == 58 and sink is None:  # ':' fast path: a run of integer replies
                     on_reply = self._on_reply
                     end = self._end
                     while True:
@@ -463,12 +551,14 @@ class ReplyParser:
                         start = self._start
                         if start >= end or buf[start] != 58:
                             break
+                        if sinks and sinks[0][0] is not None:  # a sink or a flag run: not ours
+                            break
                         idx = buf.find(_CRLF, start, end)  # (scratch holds at most ~2 * MAX_LINE)
                         if idx < 0:
                             break
                         self._start = idx + 2
-                        if sinks and sinks.popleft()[0] is not None:
-                            raise ProtocolError("expected a bulk string, got a reply of type b':'")
+                        if sinks:
+                            sinks.popleft()
                     continue
                 if sink is not None and kind != 36 and kind != 45:
                     raise ProtocolError(f"expected a bulk string, got a reply of type {bytes([kind])!r}")

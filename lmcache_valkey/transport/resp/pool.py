@@ -217,7 +217,7 @@ class Op:
     sink: what the command can legitimately return (see parser.py).
     """
 
-    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "size", "bound")
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "flags", "size", "bound")
 
     def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
                  key: bytes | None = None, size: int = 0, bound: int = SMALL_REPLY_MAX) -> None:
@@ -231,6 +231,7 @@ class Op:
         self.slot = 0
         self.asking = False
         self.nreplies = 0  # > 0: ``parts`` is a pipeline of that many small commands; the value is their reply list
+        self.flags = False  # with nreplies: each answers :0 or :1, and the value is one parser.FlagRun
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
@@ -289,7 +290,7 @@ class _Lane:
                 c.send((), None, _ignore)
             chunks.extend(op.parts)
             if op.nreplies:
-                ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op), op.bound)
+                ok = c.send_pipeline(b"", op.nreplies, self._cb(c, op), op.bound, flags=op.flags)
             else:
                 ok = c.send((), op.sink, self._cb(c, op), op.bound)
             if not ok:
