@@ -21,6 +21,7 @@ from .errors import (
     UnregisteredBuffer,
     WindowTooSmall,
 )
+from .link import RawSpan
 from .cluster import ClusterFabricTransport
 from .factory import open_fabric_transport
 from .transport import DATA_PATHS, FabricTransport
@@ -37,6 +38,7 @@ __all__ = [
     "NoFabricSession",
     "OutsideRegions",
     "PeerNotProven",
+    "RawSpan",
     "ServerDeadline",
     "TransferFailed",
     "UnregisteredBuffer",

@@ -46,17 +46,37 @@ class Range:
     buffer: Any = None
 
 
+@dataclass(frozen=True)
+class RawSpan:
+    """Registered memory with no Python buffer over it -- a CUDA allocation registered
+    with ``register(addr, length, cuda_device=N)`` -- named by address. The server moves
+    its bytes in place by RMA; this process never reads or writes it, so it is never
+    staged, never CRC-checked here, and has no bulk fallback (docs/gpu-check.md).
+    ``owner`` (a torch tensor, say) stays referenced for as long as the transfer may touch it."""
+
+    addr: int
+    length: int
+    owner: Any = None
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            raise ValueError("a RawSpan's length cannot be negative")
+
+
+def has_raw_spans(bufs: Sequence[Any]) -> bool:
+    return any(isinstance(b, RawSpan) for b in bufs)
+
+
 class NoSlot(Exception):
     """No scratch slot free for a small unregistered buffer: use the bulk path."""
 
 
 class Plan:
-    __slots__ = ("triples", "keep", "targets", "staged", "slots")
+    __slots__ = ("triples", "keep", "staged", "slots")
 
     def __init__(self) -> None:
         self.triples: list[commands.Triple] = []
-        self.keep: list[memoryview] = []  # the caller's views, referenced until the transfer is over
-        self.targets: list[memoryview] = []  # where the bytes really move (view or scratch slot)
+        self.keep: list[Any] = []  # the caller's views (and RawSpans), referenced until the transfer is over
         self.staged: list[tuple[memoryview, memoryview]] = []  # (caller's view, scratch slot)
         self.slots: list[int] = []
 
@@ -97,13 +117,25 @@ class FabricLink:
         return region
 
     def plan(self, bufs: Sequence[Any], writable: bool) -> Plan:
-        """Maps buffers to (rkey, addr, len) triples. Registered buffers are used in place;
-        a small unregistered one (the store's header) is staged through a scratch slot;
-        anything else raises UnregisteredBuffer, or NoSlot when scratch is exhausted."""
+        """Maps buffers to (rkey, addr, len) triples. Registered buffers (and RawSpans) are
+        used in place; a small unregistered one (the store's header) is staged through a
+        scratch slot; anything else raises UnregisteredBuffer, or NoSlot when scratch is
+        exhausted."""
         ep = self.endpoint
         plan = Plan()
         try:
             for b in bufs:
+                if isinstance(b, RawSpan):
+                    if b.length == 0:
+                        continue
+                    span_region = ep.find_region(b.addr, b.length)
+                    if span_region is None:
+                        raise UnregisteredBuffer(
+                            f"RawSpan at {b.addr:#x} (+{b.length}) lies outside every registered region: "
+                            "register the allocation first (register(addr, length, cuda_device=N))")
+                    plan.triples.append((span_region.key, span_region.remote_addr(b.addr), b.length))
+                    plan.keep.append(b)
+                    continue
                 mv = byte_view(b)
                 if len(mv) == 0:
                     continue
@@ -129,7 +161,6 @@ class FabricLink:
                     region = self.scratch.region
                 plan.triples.append((region.key, region.remote_addr(addr), n))
                 plan.keep.append(mv)
-                plan.targets.append(target)
             if len(plan.triples) > commands.MAX_TRIPLES:
                 raise ValueError(f"at most {commands.MAX_TRIPLES} buffers per operation")
         except BaseException:

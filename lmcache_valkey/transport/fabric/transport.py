@@ -40,7 +40,7 @@ from ..scan import scan_walk
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
-from .link import EndpointSpec, FabricLink, NoSlot, Range, byte_view
+from .link import EndpointSpec, FabricLink, NoSlot, Range, byte_view, has_raw_spans
 from .sessions import ErrorReply, SessionPool
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,9 @@ class FabricTransport:
         same deadline. ``on_release()`` runs once no transfer can touch ``bufs`` any more
         (right away after a reply; later if the caller was cancelled or timed out, at the
         latest once the link was revoked): the moment to hand a MemoryObj back to its
-        allocator."""
+        allocator. ``bufs`` may hold ``RawSpan``s (registered GPU memory): those move by
+        RMA only, with no bulk fallback."""
+        raw = _rma_only(self.data_path, bufs)
         rel = ReleaseBarrier(on_release)
         try:
             if self.data_path == "bulk":
@@ -351,9 +353,11 @@ class FabricTransport:
                     self._stats["partial_retries"] += 1
                     return await self._get_rma(key, bufs, deadline - loop.time(), rel, partial=True)
             except NoSlot:
+                if raw:
+                    raise TransportError("no free scratch slot, and RawSpans have no bulk fallback") from None
                 return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
             except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
-                if self._bulk_fallback and deadline - loop.time() > 0:
+                if self._bulk_fallback and not raw and deadline - loop.time() > 0:
                     return await self._fallback_get(key, bufs, deadline, str(exc))
                 raise
         finally:
@@ -392,7 +396,8 @@ class FabricTransport:
         if parsed is None:
             return None
         obj_len, crc = parsed
-        if self._verify_crc and obj_len <= sum(t[2] for t in plan.triples):
+        # RawSpans (GPU memory) cannot be read here: the server's CRC stands for them.
+        if self._verify_crc and obj_len <= sum(t[2] for t in plan.triples) and not has_raw_spans(plan.keep):
             self._check_crc(plan.keep, obj_len, crc, key)
         return obj_len
 
@@ -400,7 +405,9 @@ class FabricTransport:
                        on_release: Callable[[], None] | None = None) -> None:
         """Stores the concatenation of ``parts`` under ``key`` (server reads them by RMA).
         A fabric failure falls back to the bulk path within the same deadline.
-        ``on_release()``: as for ``get_into`` (the server may read ``parts`` until then)."""
+        ``on_release()``: as for ``get_into`` (the server may read ``parts`` until then).
+        ``RawSpan`` parts move by RMA only, as for ``get_into``."""
+        _rma_only(self.data_path, parts)
         rel = ReleaseBarrier(on_release)
         try:
             await self._set_from(key, parts, ttl_s, timeout, rel)
@@ -415,9 +422,12 @@ class FabricTransport:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         link = await self._current_link(deadline)
+        raw = has_raw_spans(parts)
         try:
             plan = link.plan(parts, writable=False)
         except NoSlot:
+            if raw:
+                raise TransportError("no free scratch slot, and RawSpans have no bulk fallback") from None
             self._fell_back("put")
             return await self._set_bulk(key, parts, ttl_ms, timeout)
         if plan.staged:
@@ -444,7 +454,7 @@ class FabricTransport:
         # (a burst of sets on fresh connections); like a get, the set falls back to bulk.
         except (TransferFailed, NoFabricSession, OutsideRegions, NoSlot) as exc:
             left = deadline - loop.time()
-            if not (self._bulk_fallback and left > 0):
+            if not (self._bulk_fallback and not raw and left > 0):
                 raise
             log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
             self._fell_back("put")
@@ -629,6 +639,14 @@ class ReleaseBarrier:
                 cb()
             except Exception:
                 log.exception("on_release callback failed")
+
+
+def _rma_only(data_path: str, bufs: Sequence[Any]) -> bool:
+    """Whether ``bufs`` hold RawSpans; those need the RMA data path (nothing here can copy them)."""
+    raw = has_raw_spans(bufs)
+    if raw and data_path != "rma":
+        raise FabricUnavailable("RawSpans (registered GPU memory) move by RMA only: this transport uses the bulk path")
+    return raw
 
 
 def _expect_ok(reply: Any) -> None:
