@@ -54,6 +54,13 @@ struct lmcv_fabric {
     struct fid_mr *mr;
     void *desc;
     char *arena;
+    /* The window: operations in flight, shared by every transfer (max_inflight) so that
+     * concurrent transfers do not flood the provider. A peer that stops making progress
+     * (paused, hostile) keeps its operations in flight until its connection ends, so the
+     * shared window alone would let one stopped client stop every other peer's transfers
+     * and address proofs. Hence: each transfer may always have MIN_OPS_PER_XFER in flight,
+     * whatever the others hold, and the operations of a transfer past its deadline leave the
+     * shared count (they stay on the transfer until they complete). */
     size_t chunk, max_inflight, inflight;
     int cq_waitable;
     char name_hex[1024];
@@ -101,10 +108,15 @@ static void fail_xfer(lmcv_xfer *x, int status, const char *why) {
     snprintf(x->errmsg, sizeof(x->errmsg), "%s", why);
 }
 
-/* Posts the next operations of x while the window allows. Returns ops posted. */
+#define MIN_OPS_PER_XFER 4
+
+/* Posts the next operations of x while the window allows (or x holds fewer than its
+ * guaranteed share). Returns ops posted. A full provider queue (-FI_EAGAIN) stops only x:
+ * the caller moves on to the other transfers. */
 static int post_some(lmcv_fabric *f, lmcv_xfer *x) {
     int posted = 0;
-    while (!x->failed && x->posted < x->len && f->inflight < f->max_inflight) {
+    while (!x->failed && x->posted < x->len && x->inflight < f->max_inflight &&
+           (f->inflight < f->max_inflight || x->inflight < MIN_OPS_PER_XFER)) {
         lmcv_seg *s = &x->segs[x->seg_i];
         uint64_t left_in_seg = s->len - x->seg_off, left = x->len - x->posted;
         uint64_t n = left_in_seg < left ? left_in_seg : left;
@@ -174,7 +186,7 @@ static void crc_discard(lmcv_xfer *x) {
 static void complete_op(lmcv_fabric *f, op_ctx *c, int ok, const char *why) {
     lmcv_xfer *x = c->x;
     x->inflight--;
-    f->inflight--;
+    if (!x->overdue) f->inflight--;
     if (ok) {
         x->done_bytes += c->len;
         if (x->want_crc && !x->failed) crc_advance(f, x, c->off, c->len);
@@ -224,6 +236,9 @@ static uint64_t sweep(lmcv_fabric *f, uint64_t now) {
                 fail_xfer(x, LMCV_XFER_TIMEDOUT, "deadline");
                 STAT_ADD(f, xfers_timedout, 1);
                 x->finished(x, LMCV_XFER_TIMEDOUT, x->inflight);
+                /* Its operations may never complete (a stopped peer): out of the window. */
+                x->overdue = 1;
+                f->inflight -= x->inflight;
             } else if (x->deadline_ns < nearest) {
                 nearest = x->deadline_ns;
             }
@@ -517,7 +532,7 @@ void lmcv_fabric_forget_peer(lmcv_fabric *f, uint64_t peer) {
 int lmcv_fabric_submit(lmcv_fabric *f, lmcv_xfer *x) {
     x->seg_i = 0;
     x->seg_off = x->posted = x->done_bytes = x->inflight = 0;
-    x->status = x->failed = x->reported = 0;
+    x->status = x->failed = x->reported = x->overdue = 0;
     x->crc = 0;
     x->crc_off = 0;
     x->crc_pending = NULL;

@@ -45,7 +45,7 @@ struct lmcv_xfer {
     /* Private to fabric.c. */
     int seg_i;
     uint64_t seg_off, posted, done_bytes, inflight;
-    int status, failed, reported;
+    int status, failed, reported, overdue; /* overdue: past its deadline, out of the window */
     uint64_t crc_off;       /* bytes [0, crc_off) of the value are folded into crc */
     struct crc_pending *crc_pending; /* completed ranges beyond crc_off */
     lmcv_xfer *next;

@@ -1,6 +1,10 @@
-"""Helper process for test_fabric_deadline: starts an RMA GET of a large value into its own
+"""Helper process for the stalled-target tests: starts an RMA GET of a large value into its own
 registered buffer and stops itself (SIGSTOP) right after sending the command, so the
-server's transfer stalls on a target that no longer makes progress."""
+server's transfer stalls on a target that no longer makes progress.
+
+``warm <key>`` (optional): first read ``<key>`` (a small value) by RMA, so the provider
+connection to this process is up and the server posts the large GET's operations before
+they stall (without it, the server cannot even connect and posts nothing)."""
 
 import os
 import signal
@@ -11,11 +15,14 @@ import valkey
 from lmcache_valkey.transport.fabric import FabricEndpoint
 
 port, size, timeout_ms = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+warm = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "warm" else None
 ep = FabricEndpoint("tcp;ofi_rxm")
 buf = bytearray(size)
 region = ep.register_buffer(buf)
 c = valkey.Valkey(port=port, single_connection_client=True)
 c.execute_command("BLOB.RDMA_HELLO", ep.name.hex())
+if warm is not None:
+    c.execute_command("BLOB.RDMA_GET", warm, region.key, region.remote_addr(region.addr), size)
 conn = c.connection
 conn.send_command("BLOB.RDMA_GET", "big", region.key, region.remote_addr(region.addr), size, "TIMEOUT", timeout_ms)
 print("sent", flush=True)

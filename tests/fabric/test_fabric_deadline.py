@@ -47,3 +47,35 @@ def test_stalled_target_times_out_and_main_thread_stays_responsive(start_server)
     c.delete(b"big")
     assert _poll(lambda: srv.info()["arena_used_bytes"] == 0 and srv.info()["sessions"] == 0), srv.info()
     assert used_before >= SIZE
+
+
+async def test_a_stalled_peer_holds_up_only_its_own_transfers(start_server):
+    """A worker (or a tenant's hostile process) that stops making progress in the middle of a
+    large RMA GET keeps its own operations in flight for as long as it likes (up to the
+    TIMEOUT it asked for); every other peer's transfers still move at once."""
+    from lmcache_valkey.transport.fabric import FabricTransport
+
+    srv = start_server("tcp;ofi_rxm", arena_mb=512, extra=("max_timeout_ms", "600000"))
+    c = srv.client()
+    c.execute_command("BLOB.TCP_SET", b"big", os.urandom(SIZE))
+    small = os.urandom(1 << 20)
+    c.execute_command("BLOB.TCP_SET", b"small", small)
+    helper = subprocess.Popen([sys.executable, str(HERE / "stall_client.py"), str(srv.port), str(SIZE), "600000",
+                               "warm", "small"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert helper.stdout.readline().strip() == "sent"
+        # The stalled GET fills its window of operations (the warm-up GET was one more).
+        assert _poll(lambda: srv.info()["ops_posted"] >= 65), srv.info()
+        async with FabricTransport("127.0.0.1", srv.port, bulk_fallback=False) as other:
+            buf = bytearray(len(small))
+            other.register_buffer(buf)
+            for _ in range(3):
+                buf[:] = bytes(len(buf))
+                assert await other.get_into(b"small", [memoryview(buf)], 10) == len(small)
+                assert buf == small
+            assert other.peer_proof is True  # the address proof went through as well
+        info = srv.info()
+        assert info["xfers_timedout"] == 0 and info["proofs_failed"] == 0, info  # the stalled GET still waits
+    finally:
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.wait()
