@@ -1,7 +1,7 @@
 """The Valkey ACL lines this project recommends, and how to tell a user that can do more.
 
-Three principals (docs/security.md): a tenant's **workers**, that tenant's **tierd**, and
-**operators**. A worker's and a tierd's line is an allow-list of exactly the commands that
+Four principals (docs/security.md): a tenant's **workers**, that tenant's **tierd**,
+**operators**, and the chart's **Valkey exporter** sidecar (a monitoring user). A worker's and a tierd's line is an allow-list of exactly the commands that
 principal sends (``tests/security/test_acl.py`` runs the plugin, the worker's tier client
 and tierd under these lines with ``MONITOR`` on and compares), confined to the tenant's keys
 (``~<prefix>:<tenant>:*``) and to no Pub/Sub channel. Whatever the line does not name is
@@ -38,6 +38,18 @@ CLUSTER = ("cluster|slots", "asking")
 FABRIC = ("blob.rdma_hello", "blob.rdma_prove", "blob.rdma_set", "blob.rdma_get", "blob.tcp_set", "blob.tcp_get",
           "blob.info", "pexpire")
 
+# What the chart's Valkey exporter sidecar (redis_exporter) needs: INFO ALL for every series it
+# exports, CLIENT SETNAME, LATENCY LATEST, SLOWLOG LEN; CLUSTER INFO in a cluster. No key (it may not
+# list or read keys: its `check-keys` can be switched on by anyone who reaches its HTTP port,
+# through `/scrape?check-keys=...`), no SLOWLOG (other tenants' commands and key names), no
+# CONFIG GET (it returns `masterauth`, the operators' password): its credential is handed to
+# whatever address a `/scrape?target=` request names, so it must be worth nothing.
+MONITOR = ("info", "client|setname", "latency|latest", "slowlog|len")
+MONITOR_CLUSTER = ("cluster|info",)
+# What the exporter sends that its line refuses on purpose (it logs the refusal once and
+# carries on): `CONFIG GET *`, `SLOWLOG GET 1`.
+MONITOR_REFUSED = ("config|get", "slowlog|get")
+
 
 def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[str, ...]) -> str:
     allow = " ".join(f"+{c}" for c in commands)
@@ -65,6 +77,16 @@ def tierd_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = 
                cluster: bool = False, db: int = 0) -> str:
     """The ACL file line for the tierd that serves ``tenant`` (never wider than the tenant)."""
     return _line(user, password, prefix, tenant, tierd_commands(cluster=cluster, db=db))
+
+
+def monitor_commands(*, cluster: bool = False) -> tuple[str, ...]:
+    return MONITOR + (MONITOR_CLUSTER if cluster else ())
+
+
+def monitor_line(user: str = "lmcv-monitor", *, password: str = "MONITOR_PASSWORD", cluster: bool = False) -> str:
+    """The Valkey exporter's user: server statistics only, no key, no channel."""
+    allow = " ".join(f"+{c}" for c in monitor_commands(cluster=cluster))
+    return f"user {user} on >{password} resetkeys resetchannels -@all {allow}"
 
 
 def operator_line(user: str = "lmcv-ops", *, password: str = "PASSWORD") -> str:
@@ -131,6 +153,7 @@ def classify(reply: Any, *, dryrun: bool = False) -> str:
     return ALLOWED
 
 
-__all__ = ["WORKER", "WORKER_TIERING", "TIERD", "CLUSTER", "FABRIC", "worker_line", "tierd_line", "operator_line",
+__all__ = ["WORKER", "WORKER_TIERING", "TIERD", "CLUSTER", "FABRIC", "MONITOR", "MONITOR_CLUSTER", "MONITOR_REFUSED",
+           "worker_line", "tierd_line", "operator_line", "monitor_line", "monitor_commands",
            "worker_commands", "tierd_commands", "Probe", "PROBES", "PROBE_KEY", "classify",
            "ALLOWED", "DENIED", "UNKNOWN"]

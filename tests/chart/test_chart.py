@@ -644,6 +644,9 @@ def test_notes_print_one_allow_list_per_principal(mode):
         "lmcv-tierd": acl.tierd_line("lmcv-tierd", "team-a", password="TIERD_PASSWORD", cluster=cluster),
         "team-a-workers": acl.worker_line("team-a-workers", "team-a", tiering=True, cluster=cluster),
     }
+    values["metrics"] = {"exporter": {"enabled": True}}  # its own statistics-only user
+    lines = acl_lines(_render(values)["lmcache-valkey/templates/NOTES.txt"])
+    assert lines["lmcv-monitor"] == acl.monitor_line("lmcv-monitor", cluster=cluster)
     snippet = yaml.safe_load(_notes_snippet(values))["extra_config"]
     assert snippet["remote_storage_plugin.valkey.cluster"] == ("yes" if cluster else "no")
 

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lmcache_valkey import acl
+
 pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) is not installed")
 
-from support.helmrender import CHART, NAMESPACE, ROOT, manifests, of_kind, render_error  # noqa: E402
+from support.helmrender import CHART, NAMESPACE, ROOT, manifests, of_kind, render, render_error  # noqa: E402
 from support.procs import sigterm_and_collect  # noqa: E402
 from support.servers import DEBIAN_VALKEY, ValkeyServer, free_port, make_tls_files  # noqa: E402
 
@@ -237,25 +239,116 @@ def test_the_dashboard_shows_valkeys_memory_evictions_and_clients():
             "redis_connected_clients"} <= shown  # each checked against a real scrape below
 
 
-def test_exporter_sidecar_scrapes_valkey_as_the_operators_user():
-    values = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}, "metrics": {"exporter": {"enabled": True}}}
-    container = _container(values, "exporter")
+EXPORTER_VALUES = {"auth": {"enabled": True, "existingSecret": "lmcv-acl"}, "tierd": {"tenant": "team-a"},
+                   "client": {"tenant": "team-a"}, "metrics": {"exporter": {"enabled": True}}}
+# The Secret's passwords, by placeholder in the notes' ACL lines and by Secret key.
+PASSWORDS = {"OPS_PASSWORD": "ops-pw", "TIERD_PASSWORD": "tierd-pw", "MONITOR_PASSWORD": "monitor-pw", "PASSWORD": "team-a-pw"}
+SECRET_KEYS = {"ops-password": "ops-pw", "tierd-password": "tierd-pw", "monitor-password": "monitor-pw"}
+
+
+def _valkey_with_the_notes_acl(valkey: ValkeyServer, values: dict) -> None:
+    """Every ACL line the install notes print, as an operator following them would add them."""
+    from support.acl_lines import acl_lines, setuser
+
+    notes = render(values)["lmcache-valkey/templates/NOTES.txt"]
+    for line in acl_lines(notes).values():
+        setuser(valkey, line, PASSWORDS[re.search(r">(\w+)", line).group(1)])
+    valkey.cmd("ACL", "SETUSER", "default", "off")
+
+
+def _exporter_env(container: dict) -> dict[str, str]:
+    env = {}
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        env[e["name"]] = SECRET_KEYS[ref["key"]] if ref else e["value"]
+    return env
+
+
+def test_exporter_sidecar_scrapes_valkey_as_its_monitoring_user():
+    container = _container(EXPORTER_VALUES, "exporter")
     (secret,) = [e for e in container["env"] if e["name"] == "REDIS_PASSWORD"]
-    assert secret["valueFrom"]["secretKeyRef"] == {"name": "lmcv-acl", "key": "ops-password"}
+    assert secret["valueFrom"]["secretKeyRef"] == {"name": "lmcv-acl", "key": "monitor-password"}
+    assert "-redis.user=lmcv-monitor" in container["args"]
     with ValkeyServer(args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]) as valkey:
-        valkey.cmd("ACL", "SETUSER", "lmcv-ops", "on", ">ops-pw", "~*", "&*", "+@all")
-        valkey.cmd("ACL", "SETUSER", "default", "off")
-        proc, port = _run_exporter(container, valkey.port, {"REDIS_PASSWORD": "ops-pw"}, {})
+        _valkey_with_the_notes_acl(valkey, EXPORTER_VALUES)
+        valkey.cmd("CONFIG", "RESETSTAT", auth=("lmcv-ops", "ops-pw"))
+        proc, port = _run_exporter(container, valkey.port, _exporter_env(container), {})
         try:
             assert _scrape(proc, port, "/health").strip() == "ok"  # the rendered livenessProbe path
             text = _scrape(proc, port)
+            stats = valkey.cmd("INFO", "commandstats", auth=("lmcv-ops", "ops-pw")).decode()
         finally:
-            sigterm_and_collect(proc)
+            log = sigterm_and_collect(proc)
     samples = {line.split("{")[0].split(" ")[0]: line for line in text.splitlines() if line and line[0] != "#"}
     assert samples["redis_up"].endswith(" 1"), text[:2000]
     assert float(samples["redis_memory_max_bytes"].split()[-1]) == 64 * 1024 * 1024
     for name in _dashboard_redis_names():  # every Valkey series the dashboard and alerts use
         assert name in samples, name
+    # Its line allows exactly what it sends, except CONFIG GET, refused on purpose.
+    # (AUTH is every user's; CONFIG RESETSTAT and the INFO reading these are this test's.)
+    tried = {m.group(1) for m in re.finditer(r"^cmdstat_(\S+?):calls=(\d+),.*?rejected_calls=(\d+)", stats, re.M)
+             if int(m.group(2)) or int(m.group(3))}
+    assert tried - {"auth", "config|resetstat"} == set(acl.MONITOR) | set(acl.MONITOR_REFUSED), (tried, log[-2000:])
+    assert re.search(r"^cmdstat_config\|get:calls=0,.*rejected_calls=[1-9]", stats, re.M), stats
+
+
+def test_exporter_scrape_endpoint_hands_out_no_usable_credential_and_no_key_names():
+    """redis_exporter 1.45 logs in at any address named by ``/scrape?target=`` and turns key
+    listing on for ``/scrape?check-keys=``, for anyone who reaches its port: what it hands
+    out that way can read no key, no configuration (``masterauth`` is the operators'
+    password) and change nothing."""
+    import socket
+    import threading
+
+    container = _container(EXPORTER_VALUES, "exporter")
+    assert {"name": "REDIS_EXPORTER_DISABLE_SCRAPE_ENDPOINT", "value": "true"} in container["env"]
+    heard: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+
+    def fake_valkey() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            heard.append(conn.recv(4096))
+            conn.sendall(b"-ERR no\r\n")
+
+    catcher = threading.Thread(target=fake_valkey, daemon=True)
+    catcher.start()
+    own, other = "lmcv:team-a:ns:c:{01}", "lmcv:team-b:ns:c:{01}"
+    with ValkeyServer() as valkey:
+        _valkey_with_the_notes_acl(valkey, EXPORTER_VALUES)
+        ops = ("lmcv-ops", "ops-pw")
+        valkey.cmd("SET", own, "mine", auth=ops)
+        valkey.cmd("SET", other, "theirs", auth=ops)
+        valkey.cmd("CONFIG", "SET", "masterauth", "ops-pw", auth=ops)  # as start.sh writes it
+        proc, port = _run_exporter(container, valkey.port, _exporter_env(container), {})
+        try:
+            _scrape(proc, port, "/health")
+            fake = listener.getsockname()[1]
+            _scrape(proc, port, f"/scrape?target=redis://127.0.0.1:{fake}")
+            listed = _scrape(proc, port, f"/scrape?target=redis://127.0.0.1:{valkey.port}&check-keys=lmcv:*"
+                                         "&check-single-keys=" + other)
+        finally:
+            sigterm_and_collect(proc)
+        catcher.join(timeout=30)
+        listener.close()
+        assert "team-b" not in listed and "team-a" not in listed, [ln for ln in listed.splitlines() if "lmcv" in ln]
+        (auth,) = heard
+        words = re.findall(rb"\$\d+\r\n([^\r]*)\r\n", auth)
+        assert words[0].upper() == b"AUTH", auth
+        user, password = (w.decode() for w in words[1:3])
+        refused = []
+        for args in (("GET", other), ("GET", own), ("SCAN", "0"), ("KEYS", "*"), ("CONFIG", "GET", "masterauth"),
+                     ("SLOWLOG", "GET"), ("CLIENT", "LIST"), ("SET", other, "x"), ("FLUSHALL",), ("ACL", "LIST")):
+            try:
+                r = valkey.cmd(*args, auth=(user, password))
+            except Exception as e:  # noqa: BLE001 - error replies come back as exceptions
+                r = e
+            if not (isinstance(r, Exception) and "NOPERM" in str(r)):
+                refused.append(f"{user} may run {args}: {r!r}")
+        assert not refused, "\n".join(refused)
+        assert valkey.cmd("GET", other, auth=ops) == b"theirs"
 
 
 def test_exporter_sidecar_speaks_tls_with_the_secrets_ca(tmp_path):

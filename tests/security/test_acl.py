@@ -106,10 +106,11 @@ def test_the_lines_we_print_are_the_allow_lists(documented):
             acl.worker_line("team-a", "team-a", password="TEAM_A_PASSWORD", tiering=True)}
     assert want <= set(documented.values())
     docs = acl_lines((ROOT / "docs" / "security.md").read_text())
-    assert want <= set(docs.values()), set(docs.values())
+    assert want | {acl.monitor_line()} <= set(docs.values()), set(docs.values())
     values = acl_lines((ROOT / "charts" / "lmcache-valkey" / "values.yaml").read_text())
     assert {acl.tierd_line("lmcv-tierd", "default", password="TIERD_PASSWORD"),
-            acl.worker_line("default-workers", "default", password="A_PASSWORD", tiering=True)} <= set(values.values())
+            acl.worker_line("default-workers", "default", password="A_PASSWORD", tiering=True),
+            acl.monitor_line()} <= set(values.values())
 
 
 async def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
