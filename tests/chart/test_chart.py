@@ -213,7 +213,7 @@ def test_full_values_shape():
         assert line in conf.splitlines(), line
     env = {e["name"]: e.get("value") for e in valkey["env"]}
     assert env["MODULE_PATH"] == "/modules/lmcv_blob.so"
-    assert env["MODULE_ARGS"] == "bind $(POD_IP) provider efa arena_mb 16384"
+    assert env["MODULE_ARGS"] == "bind $(POD_IP) require_proof yes provider efa arena_mb 16384"
     assert "--cluster-replicas 1" in cm["data"]["cluster-init.sh"]
     (dash,) = [c for c in _kind(docs, "ConfigMap") if "lmcache-valkey.json" in c["data"]]
     assert dash["metadata"]["namespace"] == "monitoring"
@@ -515,7 +515,9 @@ def test_rendered_config_loads_reference_module(pod_factory):
     assert "lmcv" in pod.cli("module", "list").lower()
     # the fabric endpoint was bound to the pod IP (127.0.0.1 here) from MODULE_ARGS
     runtime = (pod.tmp / "run" / "runtime.conf").read_text()
-    assert f"loadmodule {module} bind 127.0.0.1 provider tcp;ofi_rxm arena_mb 64" in runtime
+    assert f"loadmodule {module} bind 127.0.0.1 require_proof yes provider tcp;ofi_rxm arena_mb 64" in runtime
+    # No client may claim a fabric address (another worker's) without proving it owns it.
+    assert "NOPROOF" in pod.cli("BLOB.RDMA_HELLO", "02001f90" + "7f000001" + "00" * 8)
 
 
 # --- the chart's tierd command line is one the real CLI accepts ---------------------------------
@@ -649,6 +651,15 @@ def test_notes_print_one_allow_list_per_principal(mode):
     assert lines["lmcv-monitor"] == acl.monitor_line("lmcv-monitor", cluster=cluster)
     snippet = yaml.safe_load(_notes_snippet(values))["extra_config"]
     assert snippet["remote_storage_plugin.valkey.cluster"] == ("yes" if cluster else "no")
+
+
+def test_notes_warn_that_an_install_without_auth_is_open_to_every_pod():
+    notes = _render({})["lmcache-valkey/templates/NOTES.txt"]
+    assert "WARNING: auth.enabled=false" in notes and "any pod in the cluster" in notes
+    assert "networkPolicy.enabled=true" in notes
+    fenced = _render({"networkPolicy": {"enabled": True}})["lmcache-valkey/templates/NOTES.txt"]
+    assert "WARNING: auth.enabled=false" in fenced and "any pod in the cluster" not in fenced
+    assert "WARNING: auth.enabled=false" not in _render(AUTH_VALUES)["lmcache-valkey/templates/NOTES.txt"]
 
 
 def test_tierd_runs_as_its_own_tenant_confined_user(pod_factory, tmp_path):
