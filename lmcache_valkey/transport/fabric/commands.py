@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ServerError, server_error
+from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ProtocolError, server_error
 
+from ..resp.parser import describe
 from .errors import NoFabricSession, OutsideRegions, PeerNotProven, ServerDeadline, TransferFailed, WindowTooSmall
 
 HELLO = "BLOB.RDMA_HELLO"
@@ -44,6 +45,12 @@ INFO_FIELDS = ("LEN", "CRC", "TIER")
 NONCE_BYTES = 16
 MAX_REGIONS = 32
 MAX_TRIPLES = 256
+# What a reply may carry (the server is not trusted: docs/resp-reply-bounds.md): lengths
+# below a TiB (no value is near it), 32-bit CRCs, a few server addresses of bounded size.
+MAX_VALUE_LEN = 1 << 40
+MAX_CRC = (1 << 32) - 1
+MAX_SERVER_ADDRESSES = 16
+MAX_ADDRESS_BYTES = 512
 
 Triple = tuple[int, int, int]  # (rkey, remote addr, length)
 
@@ -61,17 +68,26 @@ def hello(name: bytes, proof: bool = False, regions: Sequence[Triple] = ()) -> l
 
 def parse_hello_reply(reply: object, proof: bool) -> tuple[list[bytes], bytes | None]:
     """(server fabric addresses, nonce): plain ``[addr, ...]``, or with PROOF
-    ``[[addr, ...], nonce]``."""
+    ``[[addr, ...], nonce]``. Anything else is a :class:`ProtocolError`: at most
+    ``MAX_SERVER_ADDRESSES`` addresses, each hex of at most ``MAX_ADDRESS_BYTES`` bytes."""
     def addresses(items: object) -> list[bytes]:
-        if not isinstance(items, (list, tuple)):
-            raise ServerError(f"unexpected {HELLO} reply: {reply!r}")
-        return [bytes.fromhex(a.decode() if isinstance(a, bytes) else str(a)) for a in items]
+        if not isinstance(items, list) or len(items) > MAX_SERVER_ADDRESSES:
+            raise ProtocolError(f"unexpected {HELLO} reply: {describe(reply)}")
+        out = []
+        for a in items:
+            if not isinstance(a, bytes) or not 0 < len(a) <= 2 * MAX_ADDRESS_BYTES:
+                raise ProtocolError(f"unexpected {HELLO} address: {describe(a)}")
+            try:
+                out.append(bytes.fromhex(a.decode("ascii")))
+            except ValueError:  # not ASCII, not hex
+                raise ProtocolError(f"{HELLO} address is not hex: {describe(a)}") from None
+        return out
 
     if not proof:
         return addresses(reply), None
-    if not (isinstance(reply, (list, tuple)) and len(reply) == 2 and isinstance(reply[1], bytes)
+    if not (isinstance(reply, list) and len(reply) == 2 and type(reply[1]) is bytes
             and len(reply[1]) == NONCE_BYTES):
-        raise ServerError(f"unexpected {HELLO} PROOF reply: {reply!r}")
+        raise ProtocolError(f"unexpected {HELLO} PROOF reply: {describe(reply)}")
     return addresses(reply[0]), reply[1]
 
 
@@ -118,28 +134,46 @@ def expire(key: bytes, ttl_ms: int) -> list[object]:
     return [EXPIRE, key, ttl_ms]
 
 
+def _value_len(v: object) -> bool:
+    return type(v) is int and 0 <= v <= MAX_VALUE_LEN
+
+
+def _crc(v: object) -> bool:
+    return type(v) is int and 0 <= v <= MAX_CRC
+
+
+def _name(k: object) -> str | None:
+    if isinstance(k, bytes):
+        return k.decode("ascii", "replace").upper()
+    return k.upper() if isinstance(k, str) else None
+
+
 def parse_get_reply(reply: object) -> tuple[int, int] | None:
-    """``[obj_len, crc32c]`` -> (obj_len, crc); nil -> None (miss)."""
+    """``[obj_len, crc32c]`` -> (obj_len, crc); nil -> None (miss). Anything else (a
+    negative or absurd length, a CRC past 32 bits, a bulk, a status) is a :class:`ProtocolError`."""
     if reply is None:
         return None
-    if isinstance(reply, (list, tuple)) and len(reply) == 2 and all(type(v) is int for v in reply):
-        return int(reply[0]), int(reply[1])
-    raise ServerError(f"unexpected {RDMA_GET} reply: {reply!r}")
+    if isinstance(reply, list) and len(reply) == 2 and _value_len(reply[0]) and _crc(reply[1]):
+        return reply[0], reply[1]
+    raise ProtocolError(f"unexpected {RDMA_GET} reply: {describe(reply)}")
 
 
 def parse_info_reply(reply: object) -> tuple[int, int] | None:
-    """``[len, n, crc, c, tier, t]`` (names in any case) -> (length, crc32c); nil -> None."""
+    """``[len, n, crc, c, tier, t]`` (names in any case) -> (length, crc32c); nil -> None.
+    Anything else is a :class:`ProtocolError`."""
     if reply is None:
         return None
-    if isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
-        fields = {(k.decode() if isinstance(k, bytes) else str(k)).upper(): v for k, v in zip(reply[0::2], reply[1::2])}
+    if isinstance(reply, list) and len(reply) % 2 == 0 and len(reply) <= 2 * len(INFO_FIELDS) + 8:
+        names = [_name(k) for k in reply[0::2]]
+        fields = dict(zip(names, reply[1::2]))
         n, crc = fields.get("LEN"), fields.get("CRC")
-        if type(n) is int and type(crc) is int:
+        if _value_len(n) and _crc(crc):
             return n, crc
-    raise ServerError(f"unexpected {INFO} reply: {reply!r}")
+    raise ProtocolError(f"unexpected {INFO} reply: {describe(reply)}")
 
 
-_INFLIGHT = re.compile(r"inflight=(\d+)")
+# At most 9 digits: a server's count is small, and int() of thousands of digits raises.
+_INFLIGHT = re.compile(r"inflight=(\d{1,9})\b")
 
 
 # valkey-large-object's refusals that carry a meaning the client acts on, by their start.

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import socket
 
+from lmcache_valkey.codec import HEADER_SIZE
 from lmcache_valkey.config import Node, Settings
 from lmcache_valkey.errors import FabricUnavailable, ServerError
 
+from ..resp.client import CONTROL_SLACK
 from ..resp.connection import make_ssl_context
 from .cluster import ClusterFabricTransport
 from .transport import FabricTransport
@@ -61,6 +63,7 @@ async def open_fabric_transport(settings: Settings) -> FabricTransport | Cluster
             scratch_bytes=settings.fabric.scratch_bytes,
             ssl_context=ssl_context,
             server_name=settings.tls.server_name if settings.tls is not None else None,
+            max_reply_bytes=settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK,
         )
 
     first = make(settings.nodes[0])

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lmcache_valkey.errors import ProtocolError
+
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import UnregisteredBuffer
@@ -83,7 +85,7 @@ class Plan:
 
 class FabricLink:
     def __init__(self, spec: EndpointSpec, ranges: Sequence[Range], conn_kwargs: dict[str, Any], max_conns: int,
-                 scratch_bytes: int, generation: int) -> None:
+                 scratch_bytes: int, generation: int, reply_bound: int) -> None:
         self.generation = generation
         self.endpoint = FabricEndpoint(spec.provider, spec.bind_addr, hmem=spec.hmem)
         self.scratch: ScratchPool | None = None
@@ -95,7 +97,7 @@ class FabricLink:
         except BaseException:  # e.g. RLIMIT_MEMLOCK: do not leak the endpoint's thread
             self.endpoint.close()
             raise
-        self.pool = SessionPool(conn_kwargs, max_conns, self._handshake)
+        self.pool = SessionPool(conn_kwargs, max_conns, self._handshake, reply_bound)
         self.revoked = False  # no new operation may start on it
         self.closed = False  # its endpoint is closed: nothing can reach its memory any more
         self.parked: list[tuple[Any, Callable[[], None]]] = []  # waiting for ``closed``
@@ -226,6 +228,10 @@ class FabricLink:
 
     def _add_peers(self, servers: list[bytes]) -> None:
         for name in servers:
+            # The provider reads an address of its own format's length: a shorter one from a
+            # server would be read past its end.
+            if len(name) < len(self.endpoint.name):
+                raise ProtocolError(f"a server fabric address of {len(name)} bytes (ours: {len(self.endpoint.name)})")
             # Lets the provider reach the server too (EFA, shm); harmless for tcp.
             self.endpoint.add_peer(name)
 

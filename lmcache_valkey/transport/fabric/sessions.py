@@ -12,28 +12,87 @@ discarded on the way out of the pool. Knows nothing of buffers or RMA.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import valkey.asyncio.connection as vconn
 import valkey.exceptions as vexc
+from valkey._parsers.resp2 import _AsyncRESP2Parser
 
-from lmcache_valkey.errors import ConnectionLost, DeadlineExceeded, FabricUnavailable, TransportError
+from lmcache_valkey.errors import ConnectionLost, DeadlineExceeded, FabricUnavailable, ProtocolError, TransportError
 
+from ..resp.parser import ITEM_COST, MAX_DEPTH, MAX_LINE, SMALL_REPLY_MAX, SimpleString, parse_number
 from . import commands
 
 
-class _WholeErrorParser(vconn.DefaultParser):
-    """valkey-py strips the code from error replies it knows ("ERR", "NOPERM" ...), which
-    loses what our table (lmcache_valkey.errors, commands.map_error) classifies by: keep its
-    exception classes, with the server's text whole."""
+class _BoundedParser(_AsyncRESP2Parser):
+    """valkey-py's pure-Python RESP2 parser held to the RESP client's rules
+    (docs/resp-reply-bounds.md): a reply may hold at most ``bound`` bytes (``ITEM_COST`` per
+    value on top), so a declared length is refused before anything is read or allocated;
+    numbers are plain decimal; ``$-2``/``*-5``, nesting deeper than ``MAX_DEPTH``, lines
+    longer than ``MAX_LINE`` and unknown type bytes are a :class:`ProtocolError`. A status
+    reply is a :class:`SimpleString`, never taken for a bulk with the same bytes. Error
+    replies keep the server's text whole (valkey-py strips the codes our tables classify by).
+    """
+
+    def __init__(self, socket_read_size: int, bound: int = SMALL_REPLY_MAX) -> None:
+        super().__init__(socket_read_size)
+        self.bound = bound
+        self._budget = 0
 
     @classmethod
     def parse_error(cls, response: str) -> vexc.ResponseError:
         exc = super().parse_error(response)
         exc.args = (response,)
         return exc
+
+    async def read_response(self, disable_decoding: bool = False) -> Any:
+        self._budget = self.bound
+        try:
+            return await super().read_response(disable_decoding=True)
+        except ProtocolError:
+            raise
+        except (ValueError, IndexError, TypeError, UnicodeError, RecursionError) as exc:
+            # e.g. the stream reader's own line limit
+            raise ProtocolError(f"malformed reply: {type(exc).__name__}: {str(exc)[:80]}") from None
+
+    def _charge(self, n: int, what: str) -> None:
+        self._budget -= n
+        if self._budget < 0:
+            raise ProtocolError(f"{what} past the reply's bound of {self.bound} bytes")
+
+    async def _read_response(self, disable_decoding: bool = False, depth: int = 0) -> Any:
+        raw = await self._readline()
+        if len(raw) > MAX_LINE:
+            raise ProtocolError(f"a reply line of {len(raw)} bytes")
+        self._charge(len(raw) + ITEM_COST, "a reply")
+        byte, rest = raw[:1], raw[1:]
+        if byte == b"-":
+            error = self.parse_error(rest.decode("utf-8", errors="replace"))
+            if isinstance(error, vexc.ConnectionError):
+                self._clear()
+                raise error
+            return error
+        if byte == b"+":
+            return SimpleString(rest)
+        if byte == b":":
+            return parse_number(rest, "integer")
+        if byte not in (b"$", b"*"):
+            raise ProtocolError(f"unexpected reply type {bytes(raw[:16])!r}")
+        n = parse_number(rest, "length")
+        if n == -1:
+            return None
+        if n < 0:
+            raise ProtocolError(f"length {n}")
+        if byte == b"$":
+            self._charge(n, f"a bulk of {n} bytes")
+            return await self._read(n)
+        if depth >= MAX_DEPTH:
+            raise ProtocolError(f"arrays nested deeper than {MAX_DEPTH}")
+        self._charge(n * ITEM_COST, f"an array of {n}")
+        return [await self._read_response(depth=depth + 1) for _ in range(n)]
 
 
 
@@ -66,6 +125,11 @@ class ErrorReply(Exception):
         self.message = message
 
 
+class Pipelined(list):
+    """The replies of a pipelined batch, one per command: never mistaken for one command's
+    array reply."""
+
+
 class Session:
     def __init__(self, raw: vconn.Connection, epoch: int) -> None:
         self.raw = raw
@@ -78,8 +142,11 @@ Handshake = Callable[[Send], Awaitable[None]]
 
 
 class SessionPool:
-    def __init__(self, conn_kwargs: dict[str, Any], max_conns: int, handshake: Handshake | None) -> None:
-        self._kwargs = {**conn_kwargs, "parser_class": _WholeErrorParser}
+    def __init__(self, conn_kwargs: dict[str, Any], max_conns: int, handshake: Handshake | None,
+                 reply_bound: int = SMALL_REPLY_MAX) -> None:
+        """``reply_bound``: the most bytes one reply may hold (a whole value, for the bulk
+        path's ``TCP_GET``)."""
+        self._kwargs = {**conn_kwargs, "parser_class": functools.partial(_BoundedParser, bound=reply_bound)}
         self._max = max_conns
         self._handshake = handshake
         self._idle: list[Session] = []
@@ -138,8 +205,10 @@ class SessionPool:
         while self._idle:
             s = self._idle.pop()
             reader = getattr(s.raw, "_reader", None)
-            if (reader is not None and reader.at_eof()) or s.epoch != self._epoch:
-                await _close_raw(s)  # closed by the server while idle, or set up for old registrations
+            if (reader is not None and (reader.at_eof() or not s.raw._socket_is_empty())) or s.epoch != self._epoch:
+                # closed by the server while idle; bytes nobody asked for (the stream is out of
+                # step with the requests: they would answer the next one); set up for old registrations
+                await _close_raw(s)
                 continue
             self._busy.add(s)
             return s
@@ -186,11 +255,11 @@ class SessionPool:
 
         return await self._bounded(send_and_read(), wait_s, f" during {args[0]}")
 
-    async def pipeline(self, s: Session, cmds: Sequence[Sequence[Any]], wait_s: float) -> list[Any]:
+    async def pipeline(self, s: Session, cmds: Sequence[Sequence[Any]], wait_s: float) -> Pipelined:
         """Several plain commands in one round trip; error replies become ErrorReply values."""
-        async def send_and_read() -> list[Any]:
+        async def send_and_read() -> Pipelined:
             await s.raw.send_packed_command(s.raw.pack_commands(cmds))
-            out = []
+            out = Pipelined()
             for _ in cmds:
                 try:
                     out.append(await s.raw.read_response())

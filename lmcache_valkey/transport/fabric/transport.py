@@ -31,21 +31,25 @@ from lmcache_valkey.errors import (
     DeadlineExceeded,
     FabricUnavailable,
     LmcacheValkeyError,
-    ServerError,
+    ProtocolError,
     TransportError,
 )
 
 from .. import read_window
+from ..resp.parser import SimpleString, describe
 from ..scan import scan_walk
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
 from .link import EndpointSpec, FabricLink, NoSlot, Range, byte_view, has_raw_spans
-from .sessions import ErrorReply, SessionPool
+from .sessions import ErrorReply, Pipelined, SessionPool
 
 log = logging.getLogger(__name__)
 
 DATA_PATHS = ("rma", "bulk")
+# The most bytes one reply may hold (docs/resp-reply-bounds.md): the default largest chunk
+# with its header, plus room for the rest; ``open_fabric_transport`` sizes it from the settings.
+DEFAULT_MAX_REPLY_BYTES = (256 << 20) + (1 << 20) + (1 << 20)
 _CONTROL_TIMEOUT_S = 5.0  # one control command (SCAN step, diagnostics) without a caller's deadline
 
 # ``_op``'s callbacks. ``ArgsFor(ms)``: the command, given the milliseconds the server may
@@ -87,6 +91,7 @@ class FabricTransport:
         bulk_fallback: bool = True,
         ssl_context: ssl.SSLContext | None = None,
         server_name: str | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         if data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {DATA_PATHS}, got {data_path!r}")
@@ -104,6 +109,7 @@ class FabricTransport:
         if ssl_context is not None:  # TLS on the control connections (the RMA payload is the fabric's)
             self._conn_kwargs.update(ssl_context=ssl_context, server_name=server_name)
         self._max_conns = connections
+        self._reply_bound = max_reply_bytes  # a whole value (the bulk path) and room for the rest
         self._spec = EndpointSpec(provider, bind_addr, hmem)
         self._scratch_bytes = scratch_bytes
         self._ranges: list[Range] = []
@@ -113,7 +119,7 @@ class FabricTransport:
         self._opening: asyncio.Future | None = None
         # Commands that move no bytes by RMA (bulk GET/SET, INFO, UNLINK, EXISTS) use plain
         # connections: they work while a link is being replaced and need no fabric session.
-        self._plain_pool = SessionPool(self._conn_kwargs, connections, None)
+        self._plain_pool = SessionPool(self._conn_kwargs, connections, None, max_reply_bytes)
         if data_path == "rma":
             self._link = self._adopt(self._build_link(1))
         self._tasks: set[asyncio.Task] = set()  # operations
@@ -128,7 +134,7 @@ class FabricTransport:
     def _build_link(self, generation: int) -> FabricLink:
         """Opens an endpoint and registers every range on it (may run off the loop)."""
         return FabricLink(self._spec, list(self._ranges), self._conn_kwargs, self._max_conns, self._scratch_bytes,
-                          generation)
+                          generation, self._reply_bound)
 
     def _adopt(self, link: FabricLink) -> FabricLink:
         self._generation = link.generation
@@ -523,7 +529,9 @@ class FabricTransport:
         for r in replies:
             if isinstance(r, ErrorReply):
                 raise commands.map_error(r.message)
-        return [bool(r) for r in replies]
+            if type(r) is not int or r not in (0, 1):  # EXISTS of one key
+                raise ProtocolError(f"unexpected EXISTS reply: {describe(r)}")
+        return [r == 1 for r in replies]
 
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
         """SCAN this node on plain connections; the walk is bounded (``transport/scan.py``)."""
@@ -540,7 +548,10 @@ class FabricTransport:
         keys = list(keys)
         if not keys:
             return 0
-        return int(await self._call(lambda ms: [commands.DELETE, *keys], None, timeout))
+        n = await self._call(lambda ms: [commands.DELETE, *keys], None, timeout)
+        if type(n) is not int or not 0 <= n <= len(keys):
+            raise ProtocolError(f"unexpected {commands.DELETE} reply: {describe(n)}")
+        return n
 
     async def info(self, key: bytes, timeout: float = 5.0) -> tuple[int, int] | None:
         """(length, crc32c) of a stored value, or None."""
@@ -581,6 +592,8 @@ class FabricTransport:
         value = await self._call(lambda ms: commands.get_bulk(key), None, timeout)
         if value is None:
             return None
+        if type(value) is not bytes:  # a bulk string, not a status, number or array
+            raise ProtocolError(f"unexpected {commands.TCP_GET} reply: {describe(value)}")
         scatter(value, [byte_view(b) for b in bufs])
         return len(value)
 
@@ -650,14 +663,15 @@ def _rma_only(data_path: str, bufs: Sequence[Any]) -> bool:
 
 
 def _expect_ok(reply: Any) -> None:
-    if reply not in (b"OK", "OK", True):
-        raise ServerError(f"unexpected SET reply: {reply!r}")
+    """The status ``+OK`` (a bulk ``OK`` is not a successful SET)."""
+    if not (isinstance(reply, SimpleString) and reply == b"OK"):
+        raise ProtocolError(f"unexpected SET reply: {describe(reply)}")
 
 
 def _first_reply(replies: Any) -> Any:
     """A pipelined command and its follower (the TTL): the first one's reply, errors raised.
     A command sent alone: its reply."""
-    if not isinstance(replies, list):
+    if not isinstance(replies, Pipelined):
         return replies
     first = replies[0]
     if isinstance(first, ErrorReply):

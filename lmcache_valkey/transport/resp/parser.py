@@ -60,6 +60,10 @@ __all__ = [
     "Sink",
     "SMALL_REPLY_MAX",
     "FlagRun",
+    "ITEM_COST",
+    "MAX_DEPTH",
+    "MAX_LINE",
+    "parse_number",
 ]
 
 Sink = Sequence[memoryview]
@@ -148,6 +152,9 @@ def _number(line: bytes | bytearray, what: str) -> int:
     if not digits.isdigit() or len(digits) > _MAX_DIGITS:
         raise ProtocolError(f"bad {what} {_show(line)}")
     return int(line)
+
+
+parse_number = _number  # the fabric control connections' parser (transport/fabric/sessions.py) reads numbers alike
 
 
 def as_byte_view(buf: Any, *, writable: bool = False) -> memoryview:
