@@ -576,7 +576,8 @@ def environment_rows(table: Table, gpu: bool, dry_run: bool, fi_info: Path | Non
         table.add("GPU", props.name, f"{props.total_memory / 2**30:.0f} GiB",
                   f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     else:
-        table.add("GPU", "none" + (" (--dry-run)" if dry_run else ""), notes="GPU rows below: not run")
+        why = " (--dry-run)" if dry_run else " (torch sees no CUDA device)"
+        table.add("GPU", "none" + why, notes="GPU rows below: not run")
     if fi_info is not None and fi_info.exists():
         info = dict(line.split("=", 1) for line in fi_info.read_text().splitlines() if "=" in line)
         table.add("libfabric", info.get("version", "?"), info.get("source", ""),

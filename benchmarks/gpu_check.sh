@@ -104,21 +104,22 @@ else
 fi
 export XDG_CACHE_HOME="$WORK/cache"  # the binding is compiled fresh, against $LF
 
-# libfabric dlopens "libcudart.so" (unversioned): point it at the CUDA runtime that is there.
+# libfabric dlopens "libcudart.so" (unversioned): point it at the CUDA runtime torch already
+# loads (one copy in the process), else the toolkit's.
 if [ $GPU -eq 1 ]; then
-    CUDART="$(ls /usr/local/cuda/lib64/libcudart.so* 2>/dev/null | head -1)"
-    [ -n "$CUDART" ] || CUDART="$("$PY" - <<'EOF' 2>/dev/null
-import glob, os
-import torch
-base = os.path.dirname(os.path.dirname(torch.__file__))
-hits = sorted(glob.glob(os.path.join(base, "nvidia", "**", "libcudart.so*"), recursive=True))
+    CUDART="$("$PY" - <<'EOF' 2>/dev/null
+import glob, importlib.util, os
+spec = importlib.util.find_spec("torch")
+base = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ""
+hits = sorted(glob.glob(os.path.join(base, "nvidia", "**", "libcudart.so*"), recursive=True)) if base else []
 print(hits[0] if hits else "")
 EOF
 )"
+    [ -n "$CUDART" ] || CUDART="$(ls /usr/local/cuda/lib64/libcudart.so* 2>/dev/null | head -1)"
     [ -n "$CUDART" ] || CUDART="$(ldconfig -p | awk '/libcudart\.so/ {print $NF; exit}')"
     if [ -n "$CUDART" ]; then
         mkdir -p "$WORK/cudart" && ln -sf "$CUDART" "$WORK/cudart/libcudart.so"
-        export LD_LIBRARY_PATH="$WORK/cudart:$LD_LIBRARY_PATH"
+        export LD_LIBRARY_PATH="$WORK/cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         log "CUDA runtime for libfabric: $CUDART"
     else
         log "no libcudart.so found: libfabric cannot use CUDA memory"
