@@ -21,15 +21,15 @@ from .config import Settings, parse_size
 from .errors import ConfigError, LmcacheValkeyError, MissingExtra
 from .extras import missing_extra
 from .tiering.settings import TieringSettings
+from .tiering.tierd import EXIT_UNFLUSHED  # tierd: stopped with chunks its drain could not flush
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-EXIT_UNFLUSHED = 3  # tierd: stopped with chunks the drain could not flush (counted as drops)
 DRAIN_PROGRESS_S = 2.0  # how often `drain` reports the backlog while it waits
 DRAIN_PROBE_S = 10.0  # a tierd that serves requests answers `stats` in milliseconds
 
 EXIT_CODES_HELP = (
-    "exit codes: 0 ok, 1 a check or operation failed, 2 bad usage, settings or a missing extra; "
-    "tierd also 3: stopped with chunks its drain could not flush to S3"
+    f"exit codes: {EXIT_OK} ok, {EXIT_FAIL} a check or operation failed, {EXIT_USAGE} bad usage, settings or a "
+    f"missing extra; tierd also {EXIT_UNFLUSHED}: stopped with chunks its drain could not flush to S3"
 )
 
 

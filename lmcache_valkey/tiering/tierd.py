@@ -31,6 +31,8 @@ from .settings import TieringSettings
 
 log = logging.getLogger(__name__)
 
+EXIT_UNFLUSHED = 3  # stopped with chunks the drain could not flush (counted as drops); the CLI documents it
+
 
 def add_tierd_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p = parser
@@ -129,7 +131,7 @@ async def run_tierd(args: argparse.Namespace, *, ready: asyncio.Event | None = N
         left = await manager.close(args.drain_timeout_s)
         if left:
             log.warning("tierd: %d chunk(s) were not flushed to the object tier", left)
-        return 0 if not left else 3
+        return 0 if not left else EXIT_UNFLUSHED
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)

@@ -234,3 +234,15 @@ def test_the_layout_names_every_package_and_only_what_exists():
     packages = {str(p.parent.relative_to(ROOT / "lmcache_valkey")) for p in (ROOT / "lmcache_valkey").glob("**/__init__.py")}
     packages.discard(".")
     assert packages <= named | {"transport", "integrations"}, packages - named  # parents of named ones
+
+
+def test_the_readme_exit_codes_are_the_clis():
+    from lmcache_valkey import cli
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    sentence = text[text.index("Exit codes: "):text.index("on stdout.", text.index("Exit codes: "))]
+    assert f"{cli.EXIT_OK} ok, {cli.EXIT_FAIL} a check or operation failed, {cli.EXIT_USAGE} bad settings or usage" in sentence
+    assert f"for `tierd` {cli.EXIT_UNFLUSHED}: it stopped with chunks its drain could not flush" in sentence
+    assert '{"ok": false, "error": ..., "exit_code": ...}' in sentence  # cli._report_error's keys
+    assert cli.EXIT_CODES_HELP.endswith(
+        f"tierd also {cli.EXIT_UNFLUSHED}: stopped with chunks its drain could not flush to S3")
