@@ -183,3 +183,25 @@ async def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> Non
     finally:
         await c.close()
 
+
+
+def test_a_lookup_groups_its_keys_by_node_as_routing_one_key_at_a_time_would() -> None:
+    """The whole-batch grouping (C-level, for lookups of many keys) agrees with _route per key,
+    keeps each node's keys in their original order, and survives a MOVED-updated slot."""
+    from lmcache_valkey.config import Node, settings_from_mapping
+    from lmcache_valkey.transport.resp.cluster import SlotMap
+
+    c = RespClient(settings_from_mapping({"url": "valkey://127.0.0.1:7000"}, env={}))
+    c._cluster = True
+    nodes = [Node("127.0.0.1", 7000 + i) for i in range(3)]
+    c._map = SlotMap()
+    c._map.load([(0, 5460, nodes[0], []), (5461, 10922, nodes[1], []), (10923, 16383, nodes[2], [])])
+    c._map.set(key_slot(b"{moved}"), Node("127.0.0.1", 7009))  # a MOVED reply taught us a new node
+    rng = random.Random(3)
+    keys = [b"lmcv:t:ns:c:{%x}" % rng.getrandbits(128) for _ in range(700)] + [b"{moved}"]
+    groups = c._by_node(keys)
+    assert sorted(i for _, idxs in groups for i in idxs) == list(range(len(keys)))
+    for node, idxs in groups:
+        assert idxs == sorted(idxs)
+        assert all(c._route(keys[i]) == node for i in idxs)
+    assert {node for node, _ in groups} == {*nodes, Node("127.0.0.1", 7009)}

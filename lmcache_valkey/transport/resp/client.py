@@ -91,9 +91,9 @@ def _sink(bufs: Any) -> list[memoryview]:
 def _exists_pipeline(keys: Sequence[bytes]) -> bytes:
     """``EXISTS key`` for each key, back to back. Keys of one namespace have one length:
     then the commands are one join around a shared prefix, not a format per key."""
-    n = len(keys[0])
-    if all(len(k) == n for k in keys):
-        head = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n" % n
+    lengths = set(map(len, keys))
+    if len(lengths) == 1:
+        head = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n" % lengths.pop()
         return b"".join((head, (b"\r\n" + head).join(keys), b"\r\n"))
     return b"".join([b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys])
 
@@ -221,6 +221,30 @@ class RespClient:
                 cache.clear()
             slot = cache[key] = key_slot(key)
         return self._map.node_for(slot) or (self._map.primaries or [self._primary])[0]
+
+    def _by_node(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int]]]:
+        """Cluster: the positions of ``keys`` grouped by the primary that owns each one's slot
+        (what :meth:`_route` says key by key, for a whole lookup at C speed)."""
+        cache = self._slot_cache
+        slots = list(map(cache.get, keys))
+        if None in slots:
+            if len(cache) + len(keys) > SLOT_CACHE_MAX:
+                cache.clear()
+            for i, s in enumerate(slots):
+                if s is None:
+                    slots[i] = cache[keys[i]] = key_slot(keys[i])
+        primaries = self._map.primaries
+        if not primaries:
+            return [(self._primary, list(range(len(keys))))]
+        owner = list(map(self._map.index.__getitem__, slots))  # unclaimed slots: the first primary
+        order = sorted(range(len(keys)), key=owner.__getitem__)
+        out, at = [], 0
+        for j, node in enumerate(primaries):
+            n = owner.count(j)
+            if n:
+                out.append((node, order[at:at + n]))
+                at += n
+        return out
 
     def _schedule_refresh(self) -> None:
         if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
@@ -416,10 +440,7 @@ class RespClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self._cluster:
-            groups: dict[Node, list[int]] = {}
-            for i, k in enumerate(keys):
-                groups.setdefault(self._route(k), []).append(i)
-            parts = [(node, idxs, [keys[i] for i in idxs]) for node, idxs in groups.items()]
+            parts = [(node, idxs, [keys[i] for i in idxs]) for node, idxs in self._by_node(keys)]
         else:
             parts = [(self._primary, None, keys)]
         ops = []

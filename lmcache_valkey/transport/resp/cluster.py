@@ -96,19 +96,29 @@ def parse_redirect(err: BaseException) -> tuple[str, int, Node] | None:
 
 
 class SlotMap:
-    """Slot → primary node, plus the set of primaries."""
+    """Slot → primary node, plus the set of primaries.
+
+    ``index[slot]`` is the position of that slot's primary in ``primaries`` (a slot no primary
+    claims yet: 0, the node that will answer MOVED, as :meth:`node_for`'s callers fall back
+    to), so a batch of many keys is grouped by node with C-level list operations, not a
+    Python call (and a dataclass hash) per key.
+    """
 
     def __init__(self) -> None:
         self.slots: list[Node | None] = [None] * SLOTS
+        self.index: list[int] = [0] * SLOTS
         self.primaries: list[Node] = []
 
     def load(self, ranges: list[tuple[int, int, Node, list[Node]]]) -> None:
         slots: list[Node | None] = [None] * SLOTS
-        primaries: dict[Node, None] = {}
+        index = [0] * SLOTS
+        primaries: dict[Node, int] = {}
         for first, last, primary, _ in ranges:
             slots[first:last + 1] = [primary] * (last + 1 - first)
-            primaries[primary] = None
+            j = primaries.setdefault(primary, len(primaries))
+            index[first:last + 1] = [j] * (last + 1 - first)
         self.slots = slots
+        self.index = index
         self.primaries = list(primaries)
 
     def node_for(self, slot: int) -> Node | None:
@@ -118,3 +128,4 @@ class SlotMap:
         self.slots[slot] = node
         if node not in self.primaries:
             self.primaries.append(node)
+        self.index[slot] = self.primaries.index(node)
