@@ -37,7 +37,7 @@ from .codec import HEADER_SIZE, ChunkMeta, Payload
 from .config import Settings
 from .errors import CorruptChunk, DeadlineExceeded, TransportError
 from .keys import Namespace
-from .timeouts import timeout as deadline
+from .timeouts import timeout as time_limit
 
 if TYPE_CHECKING:
     from .tiering.settings import TieringSettings
@@ -190,7 +190,7 @@ class ChunkStore:
             keys += self.namespace.marker_keys(chunk_ids)
         timeout = self.settings.lookup_timeout_s
         try:
-            async with deadline(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
+            async with time_limit(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
                 found = await self.transport.exists_many(keys, timeout=timeout)
         except (TransportError, asyncio.TimeoutError) as e:
             metrics.record_error("lookup", _cause(e))
@@ -332,9 +332,8 @@ class ChunkStore:
         if rel.by_transport:
             kw["on_release"] = [rel.transfer_over_callback(i) for i in (index or range(len(items)))]
         try:
-            raw = await asyncio.wait_for(
-                self.transport.get_many_into(reqs, timeout=remaining, **kw), remaining + _GRACE_S
-            )
+            async with time_limit(remaining + _GRACE_S):  # (no task per batch, unlike wait_for)
+                raw = await self.transport.get_many_into(reqs, timeout=remaining, **kw)
         except (TransportError, asyncio.TimeoutError) as e:
             cause = _cause(e)
             log.warning("get of %d chunks failed (%s): misses", len(items), e)
@@ -488,9 +487,8 @@ class ChunkStore:
         try:
             if timeout <= 0:
                 raise DeadlineExceeded("put deadline passed before sending")
-            errs = await asyncio.wait_for(
-                self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout), timeout + _GRACE_S
-            )
+            async with time_limit(timeout + _GRACE_S):
+                errs = await self.transport.set_many(reqs, ttl_s=self.settings.ttl_s, timeout=timeout)
         except (TransportError, asyncio.TimeoutError) as e:
             log.warning("put of %d chunks failed: %s", len(reqs), e)
             errs = [e] * len(reqs)
