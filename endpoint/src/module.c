@@ -17,14 +17,20 @@
 #include "arena.h"
 #include "crc32c.h"
 #include "fabric.h"
+#include "lru.h"
 #include "rm_api.h"
 #include "session.h"
 
 /* ---- values ------------------------------------------------------------------------ */
 
 /* One stored value: an extent of the arena. Referenced by the keyspace and by every
- * transfer touching it, so DEL during a GET never frees bytes still being written out. */
+ * transfer touching it, so DEL during a GET never frees bytes still being written out.
+ * While a key holds it, it sits in the arena's LRU list under that key's name (arena
+ * eviction, below). lru first: a list node is the blob. */
 typedef struct blob {
+    lmcv_lru_node lru;
+    RMString *name; /* the key holding it (changed under the LRU lock); NULL: not evictable */
+    int db;         /* and its database */
     int64_t off;
     uint64_t len;
     uint32_t crc;
@@ -40,13 +46,14 @@ static struct {
     unsigned long long arena_mb, chunk_kb;
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
-    unsigned long long proofs_ok, proofs_failed, outside_regions;
+    unsigned long long proofs_ok, proofs_failed, outside_regions, evicted;
+    int evict;         /* arena_eviction lru (1) | none (0): docs/fabric-keyspace.md */
     int require_proof; /* refuse HELLO without PROOF (docs/security.md) */
     int extensions;    /* 0: the upstream dialect only (HELLO takes exactly the address) */
     /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
      * for the main thread to run the reply callback (both summed, in microseconds). */
     unsigned long long fabric_usec, unblock_usec;
-} G = {.extensions = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
+} G = {.extensions = 1, .evict = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
        .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
 static blob *blob_new(uint64_t len) {
@@ -54,7 +61,7 @@ static blob *blob_new(uint64_t len) {
     if (off < 0) return NULL;
     blob *b = malloc(sizeof(*b));
     if (!b) { lmcv_arena_free(G.arena, off, len); return NULL; }
-    *b = (blob){off, len, 0, 1};
+    *b = (blob){.off = off, .len = len, .refs = 1};
     return b;
 }
 
@@ -70,7 +77,33 @@ static void blob_unref(blob *b) {
 
 /* ---- data type callbacks ------------------------------------------------------------- */
 
-static void type_free(void *v) { G.objects--; blob_unref(v); }
+/* The keyspace lets go of b (DEL, expiry, overwrite, FLUSHALL -- ASYNC on the lazy-free
+ * thread): out of the LRU list, then its reference. */
+static void type_free(void *v) {
+    blob *b = v;
+    lmcv_lru_lock();
+    RMString *name = b->name;
+    b->name = NULL;
+    lmcv_lru_remove_locked(&b->lru);
+    lmcv_lru_unlock();
+    if (name) RM_FreeString(NULL, name);
+    G.objects--;
+    blob_unref(b);
+}
+
+/* b is now the value of the key `name` in database db: the most recently used of the arena. */
+static void lru_hold(blob *b, const RMString *name, int db) {
+    size_t n;
+    const char *p = RM_StringPtrLen(name, &n);
+    RMString *copy = RM_CreateString(NULL, p, n);
+    lmcv_lru_lock();
+    RMString *old = b->name;
+    b->name = copy;
+    b->db = db;
+    lmcv_lru_add_locked(&b->lru);
+    lmcv_lru_unlock();
+    if (old) RM_FreeString(NULL, old);
+}
 static size_t type_mem_usage(const void *v) { return sizeof(blob) + ((const blob *)v)->len; }
 /* Encoding 2 saves the length and CRC32C beside the bytes so that a load can check all
  * three against each other; encoding 1 (the bytes alone) still loads. */
@@ -106,6 +139,8 @@ static void *type_rdb_load(RMIO *io, int encver) {
         memcpy(blob_ptr(b), buf, n);
         b->crc = crc;
         G.objects++;
+        const RMString *name = RM_GetKeyNameFromIO ? RM_GetKeyNameFromIO(io) : NULL;
+        if (name && RM_GetDbIdFromIO) lru_hold(b, name, RM_GetDbIdFromIO(io)); /* else not evictable */
     }
     RM_Free(buf);
     return b;
@@ -319,6 +354,7 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
         RM_DeleteKey(key);
     RM_ModuleTypeSetValue(key, G.type, b);
     G.objects++;
+    lru_hold(b, name, RM_GetSelectedDb(ctx));
     if (px_ms > 0) {
         /* Checked at parse time; an RMA SET stores later, so check again (clamping a value
          * that would now overflow rather than storing it without expiry). */
@@ -326,6 +362,50 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
         RM_SetExpire(key, px_ms < room ? px_ms : room);
     }
     RM_CloseKey(key);
+}
+
+/* ---- arena eviction ------------------------------------------------------------------- */
+
+#define EVICT_MAX 64 /* values one command may evict (or find gone) while looking for room */
+
+/* A new value of len bytes, evicting others when the arena has no room. The arena is a cache,
+ * as the keyspace is under an allkeys maxmemory policy, and maxmemory cannot see it (mmap):
+ * without eviction, values stored without expiry filled it for good, and one tenant that
+ * filled it refused every other tenant's writes (and fabric address proofs) with NOSPACE.
+ * Victims go least recently used first (stored or read); a value a transfer still reads
+ * frees its extent when that transfer ends. `arena_eviction none` keeps NOSPACE. */
+static blob *blob_new_evicting(RMCtx *ctx, uint64_t len) {
+    blob *b = blob_new(len);
+    for (int tries = 0; !b && G.evict && len <= lmcv_arena_size(G.arena) && tries < EVICT_MAX; tries++) {
+        lmcv_lru_lock();
+        blob *v = (blob *)lmcv_lru_rotate_locked();
+        RMString *name = NULL;
+        int db = 0;
+        if (v && v->name) { /* copied under the lock: a lazy-free thread may free v meanwhile */
+            size_t n;
+            const char *p = RM_StringPtrLen(v->name, &n);
+            name = RM_CreateString(ctx, p, n);
+            db = v->db;
+        }
+        lmcv_lru_unlock();
+        if (!v) break;
+        if (!name) continue;
+        int here = RM_GetSelectedDb(ctx);
+        if (db != here && RM_SelectDb(ctx, db) != RM_OK) { RM_FreeString(ctx, name); continue; }
+        RMKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
+        /* The key may hold another value by now (or none, or live in another database):
+         * only ever delete the value we picked. v is compared, never dereferenced. */
+        if (RM_KeyType(key) == RM_KEYTYPE_MODULE && RM_ModuleTypeGetType(key) == G.type &&
+            RM_ModuleTypeGetValue(key) == v) {
+            RM_DeleteKey(key); /* type_free: out of the list, the keyspace's reference dropped */
+            G.evicted++;
+        }
+        RM_CloseKey(key);
+        if (db != here) RM_SelectDb(ctx, here);
+        RM_FreeString(ctx, name);
+        b = blob_new(len);
+    }
+    return b;
 }
 
 /* ---- RMA transfers: blocked client <-> fabric thread --------------------------------- */
@@ -583,7 +663,7 @@ static int cmd_prove(RMCtx *ctx, RMString **argv, int argc) {
         G.outside_regions++;
         return refuse(ctx, UPSTREAM, E_OUTSIDE_REGIONS);
     }
-    blob *b = blob_new(LMCV_NONCE_BYTES);
+    blob *b = blob_new_evicting(ctx, LMCV_NONCE_BYTES);
     if (!b) return reply_err(ctx, UPSTREAM, E_NOSPACE, LMCV_NONCE_BYTES, 0);
     s->state = LMCV_SESSION_PROVING;
     return start_xfer(ctx, UPSTREAM, KIND_PROVE, s, b, LMCV_NONCE_BYTES, &a);
@@ -631,7 +711,7 @@ static int store_inline(RMCtx *ctx, dialect d, RMString *name, RMString *value, 
     if (d == UPSTREAM && n == 0) return refuse(ctx, d, E_ZERO_LENGTH);
     if (n > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, d, E_TOOLARGE, n, lmcv_arena_size(G.arena)); }
     if (d == UPSTREAM && other_type(ctx, name)) return reply_err(ctx, d, E_WRONGTYPE, 0, 0);
-    blob *b = blob_new(n);
+    blob *b = blob_new_evicting(ctx, n);
     if (!b) { G.refused++; return reply_err(ctx, d, E_NOSPACE, n, 0); }
     memcpy(blob_ptr(b), v, n);
     b->crc = lmcv_crc32c(0, v, n);
@@ -648,7 +728,7 @@ static int start_rma_set(RMCtx *ctx, dialect d, RMString **argv, int first_tripl
     if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, d, E_TOOLARGE, total, lmcv_arena_size(G.arena)); }
     if (a->window < total) { G.refused++; return reply_err(ctx, d, E_WINDOW, a->window, total); }
     if (d == UPSTREAM && other_type(ctx, argv[1])) return reply_err(ctx, d, E_WRONGTYPE, 0, 0);
-    blob *b = blob_new(total);
+    blob *b = blob_new_evicting(ctx, total);
     if (!b) { G.refused++; return reply_err(ctx, d, E_NOSPACE, total, 0); }
     G.rma_sets++;
     return start_xfer(ctx, d, KIND_SET, s, b, total, a);
@@ -708,6 +788,7 @@ static int do_get(RMCtx *ctx, RMString **argv, dialect d, req_args *a) {
         G.misses++;
         return RM_ReplyWithNull(ctx);
     }
+    lmcv_lru_touch(&b->lru); /* read: the most recently used */
     if (!a->nsegs) {
         G.bulk_gets++;
         RM_ReplyWithStringBuffer(ctx, blob_ptr(b), b->len);
@@ -796,6 +877,7 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "proofs_ok", G.proofs_ok);
     RM_InfoAddFieldULongLong(ctx, "proofs_failed", G.proofs_failed);
     RM_InfoAddFieldULongLong(ctx, "outside_regions", G.outside_regions);
+    RM_InfoAddFieldULongLong(ctx, "evicted", G.evicted);
     RM_InfoAddFieldULongLong(ctx, "xfers_ok", st.xfers_ok);
     RM_InfoAddFieldULongLong(ctx, "xfers_failed", st.xfers_failed);
     RM_InfoAddFieldULongLong(ctx, "xfers_timedout", st.xfers_timedout);
@@ -909,6 +991,8 @@ static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
             G.require_proof = !strcasecmp(v, "yes");
         else if (!strcasecmp(k, "extensions") && (!strcasecmp(v, "yes") || !strcasecmp(v, "no")))
             G.extensions = !strcasecmp(v, "yes");
+        else if (!strcasecmp(k, "arena_eviction") && (!strcasecmp(v, "lru") || !strcasecmp(v, "none")))
+            G.evict = !strcasecmp(v, "lru");
         else { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: bad module argument %s=%s", k, v); return -1; }
     }
     if (argc % 2) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: module arguments come in key value pairs"); return -1; }

@@ -15,6 +15,7 @@
 #define RM_APIVER_1 1
 #define RM_READ (1 << 0)
 #define RM_WRITE (1 << 1)
+#define RM_NO_EXPIRE (-1)
 #define RM_KEYTYPE_EMPTY 0
 #define RM_KEYTYPE_MODULE 6
 #define RM_TYPE_METHOD_VERSION 1
@@ -175,7 +176,12 @@ typedef struct RMCallReply RMCallReply;
     X(void, SaveUnsigned, (RMIO *, uint64_t))                                                  \
     X(uint64_t, LoadUnsigned, (RMIO *))                                                        \
     X(long long, Milliseconds, (void))                                                         \
-    X(int, GetContextFlags, (RMCtx *))
+    X(int, GetContextFlags, (RMCtx *))                                                         \
+    X(RMString *, CreateString, (RMCtx *, const char *, size_t))                               \
+    X(void, FreeString, (RMCtx *, RMString *))                                                 \
+    X(long long, GetExpire, (RMKey *))                                                         \
+    X(int, GetSelectedDb, (RMCtx *))                                                           \
+    X(int, SelectDb, (RMCtx *, int))
 
 /* Entry points some supported servers lack (Redis 7.0 has no ACL categories for modules):
  * NULL when absent, and the caller degrades as documented where it is used. */
@@ -184,7 +190,9 @@ typedef struct RMCallReply RMCallReply;
     X(int, SetCommandInfo, (RMCommand *, const RMCommandInfo *))                               \
     X(int, AddACLCategory, (RMCtx *, const char *))                                            \
     X(int, SetCommandACLCategories, (RMCommand *, const char *))                               \
-    X(int, RedactClientCommandArgument, (RMCtx *, int))
+    X(int, RedactClientCommandArgument, (RMCtx *, int))                                        \
+    X(const RMString *, GetKeyNameFromIO, (RMIO *))                                            \
+    X(int, GetDbIdFromIO, (RMIO *))
 
 #define RM_DECLARE(ret, name, args) extern ret(*RM_##name) args;
 RM_API_LIST(RM_DECLARE)
