@@ -86,11 +86,31 @@ class LoopThread:
             raise
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Cancel every task still on the loop and let it finish there, then stop and close the
+        loop (as ``asyncio.run`` ends): a task left pending would be destroyed with the loop,
+        and its cleanup (a load's release callbacks, ``call_soon_threadsafe``) would run at
+        garbage collection on a closed loop. The owner closes the store first, so that nothing
+        a cancelled task held can still be written to."""
         if not self.loop.is_closed() and self._thread.is_alive():
+            if threading.current_thread() is not self._thread:
+                try:
+                    self.submit(_end_tasks(timeout)).result(timeout + 1.0)
+                except Exception:  # a task that ignores its cancellation: stop anyway, bounded
+                    pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
         if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
+
+
+async def _end_tasks(timeout: float) -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _hand_orphan(fut: concurrent.futures.Future[Any], on_orphan: Callable[[Any], None]) -> None:

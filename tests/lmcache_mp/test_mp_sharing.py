@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 from mphelp import CHUNK_BYTES, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
 
-pytestmark = pytest.mark.timeout(180)
+# A callback that raises where nothing can catch it (a load's release callback on a closed
+# loop, "Event loop is closed") fails the test instead of passing as a logged warning.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")]
 
 
 def _share(managers, params):
