@@ -49,6 +49,7 @@ class Doctor:
         self.fabric_provider = fabric_provider
         self.checks: list[Check] = []
         self._client: Any = None
+        self._module_loaded = False  # set by the modules check: the server answers the large-object commands
 
     def add(self, name: str, status: str, detail: str, fix: str = "") -> None:
         self.checks.append(Check(name, status, detail, fix))
@@ -56,7 +57,8 @@ class Doctor:
     async def run(self) -> list[Check]:
         connected = await self._connect()
         if connected:
-            for step in (self._server, self._memory, self._acl, self._scope, self._secret, self._modules):
+            # modules first: whether the large-object commands exist decides the worker ACL line
+            for step in (self._server, self._memory, self._modules, self._acl, self._scope, self._secret):
                 await self._guard(step)
         else:
             for name in ("server", "memory", "acl", "scope", "modules"):
@@ -198,8 +200,11 @@ class Doctor:
 
     def _worker_line(self) -> str:
         s = self.settings
+        # Under `auto` the plugin takes the fabric path wherever the module answers; naming
+        # BLOB.* where no module is loaded would make ACL SETUSER refuse the whole line.
+        fabric = s.transport in ("fabric", "blob-tcp") or (s.transport == "auto" and self._module_loaded)
         return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
-                               tiering=True, fabric=s.transport in ("fabric", "blob-tcp"), db=s.db)
+                               tiering=True, fabric=fabric, db=s.db)
 
     def _is_cluster(self) -> bool:
         return bool(getattr(self._client, "is_cluster", False))
@@ -283,6 +288,7 @@ class Doctor:
                 loaded = True
             except ServerError as e:
                 loaded = "unknown command" not in e.message.lower()
+        self._module_loaded = loaded
         if loaded:
             self.add("modules", OK, f"fabric endpoint answers {HELLO} (modules: {', '.join(names)})")
         elif wants:

@@ -651,6 +651,13 @@ def test_notes_print_one_allow_list_per_principal(mode):
     assert lines["lmcv-monitor"] == acl.monitor_line("lmcv-monitor", cluster=cluster)
     snippet = yaml.safe_load(_notes_snippet(values))["extra_config"]
     assert snippet["remote_storage_plugin.valkey.cluster"] == ("yes" if cluster else "no")
+    # with the module loaded, workers on transport auto or fabric take the large-object path
+    values["valkey"]["module"] = {"enabled": True}
+    for transport, fabric in (("auto", True), ("fabric", True), ("blob-tcp", True), ("tcp", False)):
+        values["client"] = {**AUTH_VALUES["client"], "transport": transport}
+        lines = acl_lines(_render(values)["lmcache-valkey/templates/NOTES.txt"])
+        assert lines["team-a-workers"] == acl.worker_line("team-a-workers", "team-a", tiering=True, cluster=cluster,
+                                                          fabric=fabric), transport
 
 
 def test_notes_warn_that_an_install_without_auth_is_open_to_every_pod():

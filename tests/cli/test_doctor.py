@@ -104,6 +104,32 @@ def test_a_large_object_server_without_our_extensions_is_a_stated_risk():
     assert t["status"] == "warn" and "remote keys" in t["detail"] and "require_proof" in t["fix"], t
 
 
+def test_under_auto_the_worker_line_names_the_large_object_commands_where_the_module_answers(valkey_server, tmp_path):
+    """`auto` takes the fabric path wherever the module answers, so the worker line the doctor
+    prints must allow it there (and must not name BLOB.* where no module is loaded: ACL
+    SETUSER would refuse the whole line)."""
+    from lmcache_valkey import acl
+    from support.acl_lines import setuser
+
+    pw = tmp_path / "pw"
+    pw.write_text("pw")
+    wide = ("ACL", "SETUSER", "wide", "on", ">pw", "resetkeys", "~lmcv:team-a:*", "-@all", "+@read", "+@write",
+            "+@connection", "+flushall", "+command")
+    with _module_server() as s:
+        s.cmd(*wide)
+        code, checks = doctor("--url", s.url, "--transport", "auto", "--username", "wide", "--password-file",
+                              str(pw), "--tenant", "team-a")
+        fix = checks["scope"]["fix"]
+        assert checks["scope"]["status"] == "warn" and acl.worker_line("wide", "team-a", tiering=True, fabric=True) in fix
+        line = fix.split(": ", 1)[1].split(" (tierd", 1)[0]
+        setuser(s, line, "pw", name="copied")  # the printed line is one the server takes
+    valkey_server.cmd(*wide)
+    code, checks = doctor("--url", valkey_server.url, "--transport", "auto", "--username", "wide", "--password-file",
+                          str(pw), "--tenant", "team-a")
+    assert acl.worker_line("wide", "team-a", tiering=True) in checks["scope"]["fix"]
+    assert "blob." not in checks["scope"]["fix"]
+
+
 def test_blob_tcp_is_checked_with_a_documented_command(valkey_server):
     with _module_server() as s:
         code, checks = doctor("--url", s.url, "--transport", "blob-tcp")

@@ -111,6 +111,9 @@ def test_the_lines_we_print_are_the_allow_lists(documented):
     assert {acl.tierd_line("lmcv-tierd", "default", password="TIERD_PASSWORD"),
             acl.worker_line("default-workers", "default", password="A_PASSWORD", tiering=True),
             acl.monitor_line()} <= set(values.values())
+    fabric = acl_lines((ROOT / "configs" / "fabric.yaml").read_text())
+    assert fabric == {"default-workers": acl.worker_line("default-workers", "default", password="A_PASSWORD",
+                                                         fabric=True)}
 
 
 async def test_the_cluster_worker_line_serves_a_cluster(valkey_cluster):
