@@ -62,10 +62,14 @@ def test_chunks_round_trip_as_large_objects_with_their_ttl(module_so):
         asyncio.run(body())
 
 
-def test_blob_tcp_across_a_cluster(module_so):
-    c = ValkeyCluster(3, args=_module(module_so)).start()
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_blob_tcp_across_a_cluster(module_so, tmp_path, tls):
+    if tls and not shutil.which(DEBIAN_VALKEY):
+        pytest.skip(f"{DEBIAN_VALKEY} (TLS build) not installed")
+    c = ValkeyCluster(3, binary=DEBIAN_VALKEY if tls else None, tls=make_tls_files(tmp_path / "tls") if tls else None,
+                      args=_module(module_so)).start()
     try:
-        settings = settings_from_mapping({"url": c.url, "transport": "blob-tcp"}, env={})
+        settings = c.settings(transport="blob-tcp")
 
         async def body():
             r = await _round_trip(settings, n_chunks=12)

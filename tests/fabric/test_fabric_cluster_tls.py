@@ -48,12 +48,23 @@ async def _put_all(store, ns, arena: memoryview, n: int, size: int) -> list[tupl
     return out
 
 
-def test_rma_in_a_cluster_routes_by_slot_and_follows_moved(module_so):
-    c = ValkeyCluster(3, args=_module(module_so)).start()
+def _cluster(module_so, tmp_path, tls: bool) -> ValkeyCluster:
+    if not tls:
+        return ValkeyCluster(3, args=_module(module_so)).start()
+    if not shutil.which(DEBIAN_VALKEY):
+        pytest.skip(f"{DEBIAN_VALKEY} (TLS build) not installed")
+    return ValkeyCluster(3, binary=DEBIAN_VALKEY, tls=make_tls_files(tmp_path / "tls"), args=_module(module_so)).start()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_rma_in_a_cluster_routes_by_slot_and_follows_moved(module_so, tmp_path, tls):
+    """Also the managed setup: cluster mode with TLS required on every node (control
+    connections and cluster bus), one proven session per node."""
+    c = _cluster(module_so, tmp_path, tls)
     try:
         async def body():
             ns = make_namespace("lmcv", "t", {"model": "m"})
-            store = await open_store(_settings(c.url), ns)
+            store = await open_store(_settings(c.url, **({"tls_ca_file": c.tls.ca_file} if tls else {})), ns)
             try:
                 assert store.transport_name == "fabric" and isinstance(store.transport, ClusterFabricTransport)
                 arena = bytearray(64 * MiB)

@@ -4,7 +4,8 @@
 Written from that public reference alone: every assertion is a sentence of it (quoted in
 the test's docstring where it helps), nothing here knows our module's internals or
 extensions. It runs against our module in Valkey 9.1 standalone, a 3-node Valkey 9.1
-Cluster, and Valkey 8.0 over TLS; pointed at another server with
+Cluster, Valkey 8.0 over TLS and a 3-node Valkey 8.0 Cluster with TLS required (client
+connections and cluster bus, as managed services run it); pointed at another server with
 ``LARGE_OBJECT_SERVER=host:port`` (plus ``LARGE_OBJECT_TLS_CA=<ca file>`` for TLS) it runs
 unchanged against it, e.g. the upstream module (then the RDMA tests need that server to
 serve the libfabric ``tcp`` provider on an address this host can reach).
@@ -98,7 +99,8 @@ def _module_args(module_so) -> list[str]:
     return ["--loadmodule", str(module_so), "provider", PROVIDER, "bind", "127.0.0.1", "arena_mb", "64"]
 
 
-@pytest.fixture(scope="module", params=["standalone-9.1", "standalone-9.1-no-extensions", "cluster-9.1", "tls-8.0"])
+@pytest.fixture(scope="module", params=["standalone-9.1", "standalone-9.1-no-extensions", "cluster-9.1", "tls-8.0",
+                                        "cluster-tls-8.0"])
 def deployment(request, module_so, tmp_path_factory) -> Iterator[Deployment]:
     external = os.environ.get("LARGE_OBJECT_SERVER")
     if external:
@@ -130,8 +132,15 @@ def deployment(request, module_so, tmp_path_factory) -> Iterator[Deployment]:
         if not shutil.which(DEBIAN_VALKEY):
             pytest.skip(f"{DEBIAN_VALKEY} (TLS build) not installed")
         files = make_tls_files(tmp_path_factory.mktemp("tls"))
-        with ValkeyServer(binary=DEBIAN_VALKEY, tls=files, args=args) as s:
-            yield Deployment(request.param, [(s.host, s.port)], files.client_context(), False)
+        if request.param == "tls-8.0":
+            with ValkeyServer(binary=DEBIAN_VALKEY, tls=files, args=args) as s:
+                yield Deployment(request.param, [(s.host, s.port)], files.client_context(), False)
+        else:  # cluster mode with TLS required, the way a managed large-object service runs
+            c = ValkeyCluster(3, binary=DEBIAN_VALKEY, tls=files, args=args).start()
+            try:
+                yield Deployment(request.param, [(s.host, s.port) for s in c.servers], files.client_context(), True)
+            finally:
+                c.cleanup()
 
 
 @pytest.fixture

@@ -348,10 +348,20 @@ class ValkeyServer:
 
 
 class ValkeyCluster:
-    """N primaries (default 3) formed with CLUSTER ADDSLOTSRANGE + CLUSTER MEET."""
+    """N primaries (default 3) formed with CLUSTER ADDSLOTSRANGE + CLUSTER MEET.
 
-    def __init__(self, n: int = 3, *, binary: str | None = None, args: Sequence[str] = ()) -> None:
-        self.servers = [ValkeyServer(binary=binary, cluster=True, args=args) for _ in range(n)]
+    ``tls``: every node serves TLS only, on its client port and its cluster bus
+    (``tls-cluster yes``), as managed services run it (needs a TLS build, e.g. Debian's
+    /usr/bin/valkey-server)."""
+
+    def __init__(self, n: int = 3, *, binary: str | None = None, args: Sequence[str] = (),
+                 tls: TLSFiles | None = None) -> None:
+        # The cluster bus always asks the connecting node for a certificate: the nodes
+        # present the client one (the server one is for server authentication only).
+        bus = ["--tls-cluster", "yes", "--tls-replication", "yes", "--tls-client-cert-file", tls.client_cert_file,
+               "--tls-client-key-file", tls.client_key_file] if tls else []
+        self.tls = tls
+        self.servers = [ValkeyServer(binary=binary, cluster=True, tls=tls, args=[*bus, *args]) for _ in range(n)]
 
     @property
     def nodes(self) -> list[Node]:
@@ -359,10 +369,12 @@ class ValkeyCluster:
 
     @property
     def url(self) -> str:
-        return "valkey://" + ",".join(f"{s.host}:{s.port}" for s in self.servers)
+        return f"{'valkeys' if self.tls else 'valkey'}://" + ",".join(f"{s.host}:{s.port}" for s in self.servers)
 
     def settings(self, **kw: Any) -> Settings:
         raw: dict[str, Any] = {"url": self.url}
+        if self.tls:
+            raw["tls_ca_file"] = self.tls.ca_file
         raw.update(kw)
         return settings_from_mapping(raw, env={})
 
