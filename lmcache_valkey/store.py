@@ -225,9 +225,10 @@ class ChunkStore:
         """:meth:`get_many_into` for a caller that reuses a missed item's buffer as soon as it
         has the answer (an engine's own pool slot): returns only once no transfer can write
         into any missed item's buffer. With RESP that is at once; with RMA it waits for each
-        missed item's ``on_release``, which for a transfer the server left in flight means
-        until the store closes (docs/fabric-buffer-ownership.md): a visible stall, never a
-        slot written after the engine took it back."""
+        missed item's ``on_release``, which for a transfer whose end cannot be confirmed means
+        until the transport has revoked the link it used (deadline plus ``drain_grace_s``,
+        docs/fabric-buffer-ownership.md): a bounded stall, never a slot written after the
+        engine took it back."""
         loop = asyncio.get_running_loop()
         released = 0
         misses: int | None = None
