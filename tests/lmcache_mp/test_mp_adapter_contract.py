@@ -213,6 +213,32 @@ def test_a_chunk_of_another_layout_is_a_counted_miss_left_in_place(harness):
     assert h.load(ks, h.objs(1, 9)) == [True]  # still there for readers of its layout
 
 
+def test_a_locked_chunk_that_valkey_evicts_on_its_own_is_a_counted_miss(harness, valkey_server):
+    """A lock keeps our own tiering and deletes away, not Valkey's maxmemory policy
+    (docs/lmcache-mp.md): a locked chunk Valkey evicted loads as a counted `absent` miss,
+    the others still load byte-exact, and the locks are released as usual."""
+    h = harness()
+    ks = keys(range(8))
+    src = h.objs(8, 3)
+    assert h.store(ks, src).is_successful()
+    assert h.lookup(ks) == [True] * 8
+    assert len(valkey_server.cmd("KEYS", "lmcv:*")) == 8
+    info = dict(line.split(":", 1) for line in valkey_server.cmd("INFO", "memory").decode().split("\r\n") if ":" in line)
+    valkey_server.cmd("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    valkey_server.cmd("CONFIG", "SET", "maxmemory", int(info["used_memory"]) + (256 << 10))
+    for i in range(16):  # another tenant's writes push Valkey past maxmemory
+        valkey_server.cmd("SET", f"other:{i}", b"x" * SIZE)
+    gone = 8 - len(valkey_server.cmd("KEYS", "lmcv:*"))
+    assert gone >= 1
+    before = _miss_count("absent")
+    dst = h.objs(8, 200)
+    got = h.load(ks, dst)
+    assert got.count(False) == gone and _miss_count("absent") == before + gone
+    assert all(torch.equal(a.raw_data, b.raw_data) for a, b, ok in zip(src, dst, got) if ok)
+    h.adapter.submit_unlock(ks)
+    assert h.adapter.report_status()["locked_keys"] == 0
+
+
 def _miss_count(cause: str) -> float:
     from prometheus_client import REGISTRY
 
