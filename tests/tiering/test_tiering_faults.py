@@ -610,6 +610,40 @@ async def test_promotion_from_s3_works_again_as_soon_as_a_black_hole_ends(small_
 
 
 
+async def test_after_a_sustained_black_hole_that_opened_the_breaker_promotion_is_back_within_seconds(
+        small_valkey, moto_s3) -> None:
+    """Many reads in a row time out (the breaker opens, and while it is open S3 is not even
+    tried); once the store answers again, the breaker's half-open probe lets the next
+    promotion through after ``breaker_reset_s``, and the timeouts left no poisoned cost
+    estimate behind (it used to take ~3 minutes of misses)."""
+    proxy = StallProxy(moto_s3.port)
+    url = await proxy.start()
+    ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, s3_timeout_s=0.3, recompute_budget_s=0.5,
+                 breaker_failures=2, breaker_reset_s=1.0)
+    m, client = await _manager(small_valkey, ts)
+    try:
+        key, value = chunk(2, 20_000)
+        await _put_tiered(m, client, key, value)
+        await m.evict("ram", keys=[key])
+        proxy.stall = True
+        for _ in range(6):  # a sustained outage: every read a timeout, then refused by the open breaker
+            assert not await m.promote(key, timeout=2.0)
+        assert m.tier("s3").breaker.state == "open"
+        proxy.stall = False
+        attempts = 0
+        while not await m.promote(key, timeout=2.0):  # a few tries: the breaker's reset, not minutes
+            attempts += 1
+            assert attempts < 40, "S3-only chunk still missing after the store answered again"
+            await asyncio.sleep(0.25)
+        assert await ram_get(client, key, len(value)) == value
+        assert m.tier("s3").breaker.state == "closed"
+    finally:
+        proxy.stall = False
+        await m.close()
+        await client.close()
+        await proxy.close()
+
+
 # --- a promoted chunk waits for its reader -------------------------------------------------
 async def test_a_chunk_promoted_for_a_worker_stays_in_ram_until_it_is_read(small_valkey, nvme_dir) -> None:
     """Under memory pressure the demotion pass removes every RAM copy a lower tier holds; the
