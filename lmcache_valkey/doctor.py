@@ -61,7 +61,7 @@ class Doctor:
             for step in (self._server, self._memory, self._modules, self._acl, self._scope, self._secret):
                 await self._guard(step)
         else:
-            for name in ("server", "memory", "acl", "scope", "modules"):
+            for name in ("server", "memory", "modules", "acl", "scope"):
                 self.add(name, SKIP, "not reachable")
             await self._guard(self._secret)
         await self._guard(self._fabric)

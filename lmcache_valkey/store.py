@@ -432,10 +432,10 @@ class ChunkStore:
         parts). True = stored.
 
         The whole batch goes to the transport as one request set, which stripes it over the
-        node's connections. CRCs are computed on the loop first: at tens of GB/s
-        (hardware CRC32C) that is a few percent of the send time, and it costs less client
-        CPU than a request set per chunk with its checksum on a worker thread (measured:
-        0.32 vs 0.37 CPU-s/GB for 32 x 4 MiB, same GB/s; `benchmarks/bench_lmcache.py`).
+        node's connections, once its CRCs are known (large payloads checked on worker
+        threads in parallel, so the loop keeps serving lookups and gets meanwhile). One
+        request set per chunk, each waiting for its own checksum, cost more client CPU than
+        the checksums do (0.37 vs 0.32 CPU-s/GB for 32 x 4 MiB, same GB/s).
         """
         if not items:
             return []
@@ -465,7 +465,7 @@ class ChunkStore:
                 metrics.record_error("put", "meta")
                 continue
             slots.append(i)
-        crcs = [codec.crc32c_parts(items[i][2]) for i in slots]
+        crcs = await _payload_crcs([items[i][2] for i in slots])
         reqs: list[tuple[bytes, Sequence[Buffer]]] = []
         sent: list[int] = []
         for i, crc in zip(slots, crcs):
@@ -679,7 +679,7 @@ _GRACE_S = 0.25
 _ABSENT = object()  # the server said "no such key": a plain miss, maybe a lower-tier hit
 _MISSES_REPORTED = 4  # chunks a lookup reports missing to the tier manager (the first ones)
 
-# CRC32C runs at a few GB/s per core and releases the GIL: large payloads are checked on
+# CRC32C (hardware, ~25 GB/s per core here) releases the GIL: large payloads are checked on
 # worker threads, concurrently, so a batch's checks overlap each other and the event loop
 # keeps serving other I/O. Below the threshold a thread hop costs more than the check.
 _CRC_THREAD_MIN = 256 << 10
@@ -687,8 +687,8 @@ _crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 async def _payload_crcs(payloads: Sequence[Sequence[memoryview]]) -> list[int]:
-    """CRC32C of each received payload (its parts chained). Large ones go to worker threads
-    when there are several: a batch of checks runs in parallel off the loop."""
+    """CRC32C of each payload (its parts chained). Large ones go to worker threads when
+    there are several: a batch of checks runs in parallel off the loop."""
     global _crc_pool
     sizes = [codec.parts_nbytes(p) for p in payloads]
     large = sum(n >= _CRC_THREAD_MIN for n in sizes)

@@ -30,6 +30,10 @@ from .resp.pool import Op
 
 __all__ = ["BlobTcpClient", "probe_key"]
 
+# Values at least this large are set one by one when they carry a TTL (see set_many); smaller
+# ones are pipelined as one batch, their EXPIREs after them.
+_LARGE = 256 << 10
+
 
 def probe_key(settings: Any) -> bytes:
     """A key inside the tenant's namespace (its ACL user may name it) that no chunk uses:
@@ -73,6 +77,11 @@ class BlobTcpClient(RespClient):
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]:
+        if ttl_s and len(items) > 1 and any(sum(memoryview(p).nbytes for p in parts) >= _LARGE for _, parts in items):
+            # Each large value's EXPIRE right behind its own SET: one EXPIRE round after all
+            # the SETs would leave every stored value without its TTL when the deadline runs
+            # out in the SET round.
+            return list(await asyncio.gather(*(self._set_one(k, parts, ttl_s, timeout) for k, parts in items)))
         started = time.monotonic()
         results = await super().set_many(items, ttl_s=None, timeout=timeout)
         if ttl_s:
@@ -81,6 +90,14 @@ class BlobTcpClient(RespClient):
             for i, err in zip(stored, errs):
                 results[i] = err
         return results
+
+    async def _set_one(self, key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float,
+                       timeout: float) -> TransportError | None:
+        try:
+            await self.set(key, parts, ttl_s=ttl_s, timeout=timeout)
+        except TransportError as e:
+            return e
+        return None
 
     async def _expire(self, keys: Sequence[bytes], ttl_s: float, timeout: float) -> list[TransportError | None]:
         if not keys:

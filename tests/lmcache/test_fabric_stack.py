@@ -42,38 +42,45 @@ def test_large_object_put_and_get_through_lmcache_are_byte_exact(blob_server, ma
         stack.connector.store.namespace.chunk_id(keys[0].to_string()))) != b"string"
 
 
+@pytest.fixture
+def managed_cluster(tmp_path):
+    """Three primaries with TLS required on every connection and on the cluster bus (set up
+    before, and stopped after, the stacks that use it)."""
+    if not shutil.which(DEBIAN_VALKEY):
+        pytest.skip(f"{DEBIAN_VALKEY} (TLS build) not installed")
+    with ValkeyCluster(3, binary=DEBIAN_VALKEY, tls=make_tls_files(tmp_path / "tls"), args=endpoint_args(64)) as c:
+        yield c
+
+
 @pytest.mark.parametrize("transport", ["fabric", "blob-tcp"])
-def test_a_managed_style_cluster_with_tls_serves_lmcache_over_large_objects(make_stack, tmp_path, transport):
+def test_a_managed_style_cluster_with_tls_serves_lmcache_over_large_objects(managed_cluster, make_stack, transport):
     """The setup of a managed large-object Valkey: three primaries, TLS required on every
     connection and on the cluster bus; LMCache's chunks spread over every shard and come back
     byte-exact through both large-object transports."""
-    if not shutil.which(DEBIAN_VALKEY):
-        pytest.skip(f"{DEBIAN_VALKEY} (TLS build) not installed")
-    tls = make_tls_files(tmp_path / "tls")
-    with ValkeyCluster(3, binary=DEBIAN_VALKEY, tls=tls, args=endpoint_args(64)) as c:
-        lay = Layout(model=f"managed-{transport}", num_layers=8, num_kv_heads=8, head_dim=128, chunk_size=32)
-        stack = make_stack({"url": c.url, "tls_ca_file": tls.ca_file, "transport": transport,
-                            "fabric_provider": "tcp;ofi_rxm", "fabric_bind_addr": "127.0.0.1"}, layout=lay)
-        store = stack.connector.store
-        assert store.transport_name == transport
-        assert type(store.transport).__name__ == ("ClusterFabricTransport" if transport == "fabric" else "BlobTcpClient")
-        if transport == "blob-tcp":
-            assert store.transport.is_cluster
-        baseline = allocated_bytes(stack)
-        keys = [lay.key(i) for i in range(12)]
-        objs = [filled(stack, i) for i in range(len(keys))]
-        want = [payload(o) for o in objs]
-        put_and_wait(stack, keys, objs)
-        for o in objs:
-            o.ref_count_down()
-        assert stack.remote.batched_contains(keys) == len(keys)
-        got = stack.remote.batched_get_blocking(keys)
-        assert [payload(g) for g in got] == want
-        for g in got:
-            g.ref_count_down()
-        assert allocated_bytes(stack) == baseline
-        per_node = [s.cmd("DBSIZE") for s in c.servers]
-        assert sum(1 for n in per_node if n) >= 2, per_node  # the chunks spread over the shards
+    c = managed_cluster
+    lay = Layout(model=f"managed-{transport}", num_layers=8, num_kv_heads=8, head_dim=128, chunk_size=32)
+    stack = make_stack({"url": c.url, "tls_ca_file": c.tls.ca_file, "transport": transport,
+                        "fabric_provider": "tcp;ofi_rxm", "fabric_bind_addr": "127.0.0.1"}, layout=lay)
+    store = stack.connector.store
+    assert store.transport_name == transport
+    assert type(store.transport).__name__ == ("ClusterFabricTransport" if transport == "fabric" else "BlobTcpClient")
+    if transport == "blob-tcp":
+        assert store.transport.is_cluster
+    baseline = allocated_bytes(stack)
+    keys = [lay.key(i) for i in range(12)]
+    objs = [filled(stack, i) for i in range(len(keys))]
+    want = [payload(o) for o in objs]
+    put_and_wait(stack, keys, objs)
+    for o in objs:
+        o.ref_count_down()
+    assert stack.remote.batched_contains(keys) == len(keys)
+    got = stack.remote.batched_get_blocking(keys)
+    assert [payload(g) for g in got] == want
+    for g in got:
+        g.ref_count_down()
+    assert allocated_bytes(stack) == baseline
+    per_node = [s.cmd("DBSIZE") for s in c.servers]
+    assert sum(1 for n in per_node if n) >= 2, per_node  # the chunks spread over the shards
 
 
 def test_auto_uses_fabric_when_the_endpoint_answers_and_tcp_otherwise(blob_server, valkey_server, make_stack):
