@@ -27,6 +27,7 @@ T = TypeVar("T")
 
 class LoopThread:
     def __init__(self, name: str = "lmcache-valkey-io") -> None:
+        self.name = name
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()

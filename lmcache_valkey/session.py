@@ -12,8 +12,11 @@ Never imports: any engine (``lmcache``, ``vllm``, ``sglang``), the integrations.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-from typing import Any, Coroutine, Mapping, TypeVar
+import threading
+from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
 from .config import Settings
 from .keys import Namespace, make_namespace
@@ -24,6 +27,10 @@ from .tiering.settings import TieringSettings
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Threads that answer lookups awaited on an engine's loop (contains_prefix_async); a lookup
+# takes them for about one round trip, so two keep a burst of concurrent lookups moving.
+LOOKUP_THREADS = 2
 
 
 def namespace_for(settings: Settings, fields: Mapping[str, Any]) -> Namespace:
@@ -58,6 +65,8 @@ class StoreSession:
             log.info("lmcache-valkey: chunk ids of tenant %s are derived without a tenant secret: whoever knows "
                      "the tenant's name can compute them (set tenant_secret, docs/security.md)", namespace.tenant)
         self.io = LoopThread(name)
+        self._lookups: concurrent.futures.ThreadPoolExecutor | None = None  # started on first use
+        self._lookups_lock = threading.Lock()
         try:
             self.store: ChunkStore = self.io.run_sync(
                 open_store(settings, namespace, tiering=tiering), timeout=settings.connect_timeout_s * 3 + 10
@@ -75,6 +84,34 @@ class StoreSession:
     def run_sync(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         return self.io.run_sync(coro, timeout)
 
+    def contains_prefix(self, chunk_ids: Sequence[str], timeout: float, store: ChunkStore | None = None) -> int:
+        """An engine's synchronous prefix lookup: on the calling thread where the transport
+        can (no hop to the loop and back), else on the loop, waiting at most ``timeout``.
+        ``store``: a view of this session's store for another namespace."""
+        store = self.store if store is None else store
+        found = store.contains_prefix_blocking(chunk_ids)
+        if found is None:
+            found = self.io.run_sync(store.contains_prefix(chunk_ids), timeout)
+        return found
+
+    async def contains_prefix_async(self, chunk_ids: Sequence[str], timeout: float) -> int:
+        """The same lookup awaited on an engine's own event loop (LMCache's
+        ``batched_async_contains``), never blocking it and without a hop to the store's loop:
+        on that loop itself over the lookup lane's idle plain-TCP connections; else a lookup
+        thread of this session does the blocking lookup (and opens them), and the store's
+        loop answers what that thread cannot. If the caller gives up, a thread finishes
+        within the lookup deadline and its answer is dropped: a lookup holds nothing."""
+        found = await self.store.contains_prefix_on_caller_loop(chunk_ids)
+        if found is not None:
+            return found
+        if self._lookups is None:
+            with self._lookups_lock:
+                if self._lookups is None:
+                    self._lookups = concurrent.futures.ThreadPoolExecutor(
+                        LOOKUP_THREADS, thread_name_prefix=f"{self.io.name}-lookup")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._lookups, self.contains_prefix, chunk_ids, timeout)
+
     def close(self, timeout: float = 5.0) -> None:
         """Close the store and stop the loop; returns within about ``timeout`` seconds."""
         try:
@@ -83,6 +120,8 @@ class StoreSession:
             log.warning("lmcache-valkey: store did not close cleanly within %.1fs: %s", timeout, e)
         finally:
             self.io.stop()
+            if self._lookups is not None:
+                self._lookups.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["StoreSession", "namespace_for"]

@@ -59,7 +59,10 @@ class ChunkTransport(Protocol):
     per item]``, each called once nothing can touch that item's buffers any more.
     ``register``: a caller-owned arena the server's transfers use, registered once; False
     when the transport needs none. ``getrange_into``: the start of a value (a header)
-    without moving the rest.
+    without moving the rest. ``exists_many_blocking`` / ``exists_many_on_caller_loop``:
+    ``exists_many`` on the calling thread (which blocks) or awaited on another event loop
+    than the transport's, for an engine's lookups; ``None`` where the transport cannot do
+    that one (then the store runs ``exists_many`` on its own loop).
     """
 
     supports_release_callbacks: bool
@@ -77,6 +80,10 @@ class ChunkTransport(Protocol):
     ) -> list[TransportError | None]: ...
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]: ...
+
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None: ...
+
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None: ...
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int: ...
 
@@ -141,6 +148,7 @@ class ChunkStore:
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._borrowed = False  # a view made by for_namespace: the connections are another store's
+        self._loop = _running_loop()  # where this store runs (created there, by open_store)
         self.owned: list[Any] = []  # tier client/manager, extra connections: closed before the transport
 
     def for_namespace(self, namespace: Namespace) -> "ChunkStore":
@@ -150,6 +158,7 @@ class ChunkStore:
         view = ChunkStore(self.settings, namespace, self.transport, transport_name=self.transport_name,
                           tiers=self.tiers)
         view._borrowed = True
+        view._loop = self._loop
         return view
 
     # ------------------------------------------------------------------ lookup
@@ -160,11 +169,7 @@ class ChunkStore:
             return 0
         started = time.perf_counter()
         found = await self._exists_any_tier(chunk_ids)
-        if found is None:
-            return 0
-        prefix = _prefix(found)
-        metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
-        return prefix
+        return self._prefix_found(chunk_ids, found, started)
 
     async def contains_each(self, chunk_ids: Sequence[str]) -> list[bool]:
         """Whether each chunk exists in some tier, every one answered (not only a prefix).
@@ -176,27 +181,98 @@ class ChunkStore:
             return []
         started = time.perf_counter()
         found = await self._exists_any_tier(chunk_ids)
+        return self._each_found(chunk_ids, found, started)
+
+    def contains_prefix_blocking(self, chunk_ids: Sequence[str]) -> int | None:
+        """:meth:`contains_prefix` on the calling thread, which waits for it anyway (an
+        engine's synchronous lookup): the same answer, errors and metrics without a hop to
+        the store's loop and back. ``None`` when the transport cannot answer this one
+        without the loop, or when called on the loop itself (which must never block): then
+        run :meth:`contains_prefix` there (transport/resp/blocking.py says when)."""
+        if not chunk_ids:
+            return 0
+        started = time.perf_counter()
+        found = self._exists_any_tier_blocking(chunk_ids)
+        return None if found is _NEEDS_LOOP else self._prefix_found(chunk_ids, found, started)
+
+    async def contains_prefix_on_caller_loop(self, chunk_ids: Sequence[str]) -> int | None:
+        """:meth:`contains_prefix` awaited on another event loop than the store's (an
+        engine's own), without waking the store's loop: ``None`` when the transport cannot
+        do this one there (then use a thread, or the store's loop)."""
+        if not chunk_ids:
+            return 0
+        if self._loop is None or self._closed or _running_loop() is self._loop:
+            return None
+        started = time.perf_counter()
+        keys = self._lookup_keys(chunk_ids)
+        try:
+            found = await self.transport.exists_many_on_caller_loop(keys, timeout=self.settings.lookup_timeout_s)
+        except TransportError as e:
+            return self._prefix_found(chunk_ids, self._lookup_failed(len(chunk_ids), e), started)
+        if found is None:
+            return None
+        return self._prefix_found(chunk_ids, self._any_tier(keys, len(chunk_ids), found), started)
+
+    def contains_each_blocking(self, chunk_ids: Sequence[str]) -> list[bool] | None:
+        """:meth:`contains_each` on the calling thread (see :meth:`contains_prefix_blocking`)."""
+        if not chunk_ids:
+            return []
+        started = time.perf_counter()
+        found = self._exists_any_tier_blocking(chunk_ids)
+        return None if found is _NEEDS_LOOP else self._each_found(chunk_ids, found, started)
+
+    def _prefix_found(self, chunk_ids: Sequence[str], found: list[bool] | None, started: float) -> int:
+        if found is None:
+            return 0
+        prefix = _prefix(found)
+        metrics.record_lookup(len(chunk_ids), prefix, time.perf_counter() - started)
+        return prefix
+
+    def _each_found(self, chunk_ids: Sequence[str], found: list[bool] | None, started: float) -> list[bool]:
         if found is None:
             return [False] * len(chunk_ids)
         metrics.record_lookup(len(chunk_ids), _prefix(found), time.perf_counter() - started)
         return found
 
-    async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
-        """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
-        marker) present? ``None`` when the lookup failed or missed its deadline (counted)."""
+    def _lookup_keys(self, chunk_ids: Sequence[str]) -> list[bytes]:
         keys = self.namespace.data_keys(chunk_ids)
         if self.tiers is not None:
             # Value and marker share a slot; one pipelined pass answers "any tier".
             keys += self.namespace.marker_keys(chunk_ids)
+        return keys
+
+    async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
+        """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
+        marker) present? ``None`` when the lookup failed or missed its deadline (counted)."""
+        keys = self._lookup_keys(chunk_ids)
         timeout = self.settings.lookup_timeout_s
         try:
             async with time_limit(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
                 found = await self.transport.exists_many(keys, timeout=timeout)
         except (TransportError, asyncio.TimeoutError) as e:
-            metrics.record_error("lookup", _cause(e))
-            log.warning("lookup of %d chunks failed (%s): treating as a miss", len(chunk_ids), e)
-            return None
-        n = len(chunk_ids)
+            return self._lookup_failed(len(chunk_ids), e)
+        return self._any_tier(keys, len(chunk_ids), found)
+
+    def _exists_any_tier_blocking(self, chunk_ids: Sequence[str]) -> Any:
+        """:meth:`_exists_any_tier` on the calling thread, or ``_NEEDS_LOOP``."""
+        if self._loop is None or self._closed or _running_loop() is self._loop:
+            return _NEEDS_LOOP
+        keys = self._lookup_keys(chunk_ids)
+        try:
+            found = self.transport.exists_many_blocking(keys, timeout=self.settings.lookup_timeout_s)
+        except TransportError as e:
+            return self._lookup_failed(len(chunk_ids), e)
+        if found is None:
+            return _NEEDS_LOOP
+        return self._any_tier(keys, len(chunk_ids), found)
+
+    def _lookup_failed(self, n: int, e: BaseException) -> None:
+        metrics.record_error("lookup", _cause(e))
+        log.warning("lookup of %d chunks failed (%s): treating as a miss", n, e)
+        return None
+
+    def _any_tier(self, keys: list[bytes], n: int, found: Sequence[bool]) -> list[bool]:
+        """Per chunk: its value or its marker found (any thread: the miss report goes to the loop)."""
         if self.tiers is None:
             return list(map(bool, found[:n]))
         out = [bool(found[i] or found[n + i]) for i in range(n)]
@@ -204,7 +280,7 @@ class ChunkStore:
         # first misses, so the tier manager re-creates what it has (docs/tiering-tiers.md).
         missed = [keys[i] for i, f in enumerate(out) if not f][:_MISSES_REPORTED]
         if missed:
-            self._spawn(self.tiers.note_miss(missed))
+            self._spawn_threadsafe(self.tiers.note_miss, missed)
         return out
 
     async def exists(self, chunk_id: str) -> bool:
@@ -635,6 +711,19 @@ class ChunkStore:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _spawn_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``_spawn(fn(*args))`` on the store's loop, from the loop or any other thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if _running_loop() is loop:
+                self._spawn(fn(*args))
+            else:
+                loop.call_soon_threadsafe(lambda: self._closed or self._spawn(fn(*args)))
+        except RuntimeError:  # the loop is closed: the store is going away, nothing to report to
+            pass
+
 
 class _Releases:
     """Bookkeeping for ``get_many_into``'s ``on_release``: item i is handed back once it
@@ -707,6 +796,16 @@ async def _payload_crcs(payloads: Sequence[Sequence[memoryview]]) -> list[int]:
 
 async def _done(value: int) -> int:
     return value
+
+
+_NEEDS_LOOP = object()  # a blocking lookup the transport cannot do off the loop
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _prefix(found: list[bool]) -> int:

@@ -106,6 +106,12 @@ class MemoryTransport:
         self._check("EXISTS")
         return [self._live(k) is not None for k in keys]
 
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None  # lookups run on the store's loop, like every other call
+
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None
+
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         self._check("UNLINK")
         return await _unlink(self, *keys)

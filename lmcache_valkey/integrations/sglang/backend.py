@@ -144,7 +144,13 @@ class ValkeyHiCacheStorage(HiCacheStorage):
             return 0
         store = self._store
         ids = [store.namespace.chunk_id(k) for k in keys]
-        return self._run(store.contains_prefix(ids), self._lookup_timeout, 0)
+        if self._closed:
+            return 0
+        try:  # on this thread where the transport can (no hop to the loop and back)
+            return self._session.contains_prefix(ids, self._lookup_timeout, store)
+        except Exception as e:  # the store answers misses itself; this is a wedged loop or a bug
+            log.warning("lmcache-valkey SGLang backend: lookup did not complete: %r", e)
+            return 0
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1

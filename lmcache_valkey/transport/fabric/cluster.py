@@ -191,6 +191,12 @@ class ClusterFabricTransport:
         await asyncio.gather(*(one(t, idxs) for t, idxs in self._groups(keys).items()))
         return out
 
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None  # each node's control connection belongs to the loop: lookups run there
+
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None
+
     async def delete(self, keys: Iterable[bytes], timeout: float = 5.0) -> int:
         keys = list(keys)
         counts = await asyncio.gather(*(t.delete([keys[i] for i in idxs], timeout=timeout)

@@ -533,6 +533,12 @@ class FabricTransport:
                 raise ProtocolError(f"unexpected EXISTS reply: {describe(r)}")
         return [r == 1 for r in replies]
 
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None  # the control connection belongs to the transport's loop: lookups run there
+
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        return None
+
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:
         """SCAN this node on plain connections; the walk is bounded (``transport/scan.py``)."""
         async def call(cursor: bytes, wait: float) -> Any:

@@ -30,6 +30,7 @@ from ...errors import (
     TryAgain,
 )
 from ..scan import scan_walk
+from .blocking import BlockingLookups
 from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, parse_redirect
 from .connection import SMALL_JOIN, make_ssl_context
 from .parser import FlagRun, SimpleString, as_byte_view, describe, encode_command
@@ -137,6 +138,7 @@ class RespClient:
         self._refresh_task: asyncio.Task[None] | None = None
         self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
         self._control_bound = settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK
+        self._blocking = BlockingLookups(settings, self._ssl)
         self._started = False
         self._closed = False
 
@@ -200,6 +202,7 @@ class RespClient:
     async def close(self) -> None:
         """Drop every connection now; in-flight operations fail with ConnectionLost. Idempotent."""
         self._closed = True
+        self._blocking.close()
         t, self._refresh_task = self._refresh_task, None
         if t is not None and not t.done():
             t.cancel()
@@ -439,10 +442,7 @@ class RespClient:
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if self._cluster:
-            parts = [(node, idxs, [keys[i] for i in idxs]) for node, idxs in self._by_node(keys)]
-        else:
-            parts = [(self._primary, None, keys)]
+        parts = self._exists_parts(keys)
         ops = []
         for j, (node, _, ks) in enumerate(parts):
             op = Op(j, (_exists_pipeline(ks),), None)
@@ -478,6 +478,64 @@ class RespClient:
             for i, v in odd.items():
                 found[i] = v  # type: ignore[index]
         return list(map(bool, found))  # type: ignore[arg-type]
+
+    def _exists_parts(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int] | None, Sequence[bytes]]]:
+        """``(node, positions or None for all, keys)`` per node a lookup asks."""
+        if self._cluster:
+            return [(node, idxs, [keys[i] for i in idxs]) for node, idxs in self._by_node(keys)]
+        return [(self._primary, None, keys)]
+
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        """:meth:`exists_many` on the calling thread, which blocks (never an event loop's):
+        no hop to the I/O loop and back (blocking.py says why). ``None`` when this lookup
+        needs the loop after all: not started or closed, every blocking connection in use,
+        a topology changing under us, or any reply that is not a plain 0 or 1 (a
+        redirection, an error reply): the loop's path follows or raises those."""
+        if not keys:
+            return []
+        parts = self._lane_parts(keys)
+        if parts is None:
+            return None
+        runs = self._blocking.exists([(node, _exists_pipeline(ks), len(ks)) for node, _, ks in parts], timeout)
+        return self._lane_found(keys, parts, runs)
+
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+        """:meth:`exists_many` awaited on the caller's own event loop, over the blocking
+        lane's sockets (none of this client's pool, which belongs to its loop). ``None``
+        where :meth:`exists_many_blocking` says, and when the lane has no idle plain-TCP
+        connection to every node asked."""
+        if not keys:
+            return []
+        parts = self._lane_parts(keys)
+        if parts is None:
+            return None
+        runs = await self._blocking.exists_on_caller_loop(
+            [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in parts], timeout)
+        return self._lane_found(keys, parts, runs)
+
+    def _lane_parts(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int] | None, Sequence[bytes]]] | None:
+        if not self._started or self._closed:
+            return None
+        try:
+            parts = self._exists_parts(keys)
+        except (KeyError, IndexError, ValueError):  # the slot map being replaced on the loop's thread
+            return None
+        if sum(len(ks) for _, _, ks in parts) != len(keys):  # (that, caught half-way)
+            return None
+        return parts
+
+    @staticmethod
+    def _lane_found(keys: Sequence[bytes], parts: list[tuple[Node, list[int] | None, Sequence[bytes]]],
+                    runs: list[FlagRun] | None) -> list[bool] | None:
+        if runs is None or any(run.odd for run in runs):
+            return None
+        if len(runs) == 1 and parts[0][1] is None:
+            return list(map(bool, runs[0].flags))
+        found = bytearray(len(keys))
+        for (_, idxs, _), run in zip(parts, runs):
+            for i, f in zip(idxs, run.flags):  # type: ignore[arg-type]
+                found[i] = f
+        return list(map(bool, found))
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""

@@ -1,0 +1,279 @@
+"""An engine's synchronous lookup (LMCache's ``batched_contains``, SGLang's ``batch_exists``)
+runs on the engine's own waiting thread, without a hop to the store's loop: it answers exactly
+what the loop would, authenticates and selects like the pool, and a paused, lying or dead
+server makes it a counted miss within its deadline, never a wrong hit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from support.acl_lines import setuser
+from support.hostile import HostileServer
+
+from lmcache_valkey import metrics
+from lmcache_valkey.acl import worker_line
+from lmcache_valkey.codec import ChunkMeta
+from lmcache_valkey.keys import make_namespace
+from lmcache_valkey.session import StoreSession
+from lmcache_valkey.store import ChunkRef
+
+pytestmark = pytest.mark.timeout(120)
+
+NS = make_namespace("lmcv", "team-a", {"model": "blocking-lookups"})
+META = ChunkMeta(shapes=((64,),), dtypes=("uint8",), fmt=0)
+
+
+def ids(prefix: str, n: int) -> list[str]:
+    return [NS.chunk_id(f"{prefix}-{i}") for i in range(n)]
+
+
+def put(session: StoreSession, chunk_ids: list[str]) -> None:
+    items = [(ChunkRef(c, c), META, memoryview(bytes(64))) for c in chunk_ids]
+    assert all(session.run_sync(session.store.put_many(items), 20))
+
+
+def lookup_errors(cause: str | None = None) -> float:
+    """Failed lookups counted (``lmcache_valkey_errors_total{op="lookup"}``), of one cause or all."""
+    causes = metrics.ERROR_CAUSES if cause is None else (cause,)
+    return sum(metrics.ERRORS.labels("lookup", c)._value.get() for c in causes)
+
+
+def test_a_lookup_is_answered_on_the_waiting_thread_even_while_the_store_loop_is_wedged(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    try:
+        stored = ids("chunk", 8)
+        put(session, stored[:3] + stored[4:])
+        release = threading.Event()
+
+        async def wedge() -> None:
+            release.wait(30)  # blocks the store's loop thread itself
+
+        wedged = session.io.submit(wedge())
+        try:
+            assert session.store.contains_prefix_blocking(stored) == 3
+            assert session.store.contains_each_blocking(stored) == [True] * 3 + [False] + [True] * 4
+            assert session.contains_prefix(stored, 5) == 3
+            assert session.store.contains_prefix_blocking([]) == 0
+        finally:
+            release.set()
+            wedged.result(10)
+        # the loop's own path agrees
+        assert session.run_sync(session.store.contains_each(stored), 5) == [True] * 3 + [False] + [True] * 4
+    finally:
+        session.close()
+
+
+def test_on_the_store_loop_itself_a_lookup_never_blocks_but_takes_the_loops_path(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    try:
+        stored = ids("chunk", 2)
+        put(session, stored)
+
+        async def on_the_loop() -> tuple[int | None, int]:
+            return session.store.contains_prefix_blocking(stored), await session.store.contains_prefix(stored)
+
+        assert session.run_sync(on_the_loop(), 10) == (None, 2)
+    finally:
+        session.close()
+
+
+def test_an_acl_worker_over_tls_in_another_database_finds_its_chunks(valkey_tls_server) -> None:
+    setuser(valkey_tls_server, worker_line("worker-a", "team-a", db=1), "s3cret")
+    settings = valkey_tls_server.settings(url=valkey_tls_server.url + "/1", transport="tcp",
+                                          username="worker-a", password="s3cret")
+    session = StoreSession(settings, NS)
+    try:
+        stored = ids("tls", 4)
+        put(session, stored[:2])
+        assert session.store.contains_prefix_blocking(stored) == 2
+        # db 0 holds nothing of it: the lane's connections did select database 1
+        assert valkey_tls_server.cmd("DBSIZE") == 0
+    finally:
+        session.close()
+
+
+def test_a_paused_server_costs_one_deadline_and_its_late_replies_never_answer_a_later_lookup(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3), NS)
+    try:
+        present, absent = ids("here", 16), ids("gone", 16)
+        put(session, present)
+        assert session.store.contains_prefix_blocking(present) == 16  # the lane's connection is open
+        before, errors = lookup_errors("deadline"), lookup_errors()
+        os.kill(valkey_server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert session.store.contains_prefix_blocking(present) == 0  # a miss, not a hang
+            assert time.monotonic() - started < 10
+        finally:
+            os.kill(valkey_server.pid, signal.SIGCONT)
+        assert lookup_errors("deadline") == before + 1
+        # "all 16 present" is on its way on the timed-out connection: it must not answer these
+        mixed = present[:5] + absent[5:]
+        assert session.store.contains_prefix_blocking(mixed) == 5
+        assert session.store.contains_prefix_blocking(absent) == 0
+        assert session.store.contains_prefix_blocking(present) == 16
+        assert lookup_errors() == errors + 1
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("reply", [b":7\r\n", b"!garbage\r\n", b"$999999999\r\n", b"-NOPERM no\r\n"],
+                         ids=["not-a-flag", "garbage", "huge-bulk", "error-reply"])
+def test_a_lying_server_makes_a_lookup_a_counted_miss_never_a_hit(reply: bytes) -> None:
+    def lie(name: bytes, args: list[bytes]) -> bytes | None:
+        return reply if name == b"EXISTS" else None
+
+    with HostileServer(lie) as srv:
+        session = StoreSession(srv_settings(srv), NS)
+        try:
+            stored = ids("lie", 4)
+            put(session, stored)
+            errors = lookup_errors()
+            assert session.contains_prefix(stored, 5) == 0
+            assert session.store.contains_each_blocking(stored) in (None, [False] * 4)
+            assert lookup_errors() > errors
+        finally:
+            session.close()
+
+
+def srv_settings(srv: HostileServer):
+    from lmcache_valkey.config import settings_from_mapping
+
+    return settings_from_mapping({"url": srv.url, "transport": "tcp", "lookup_timeout_s": 0.5,
+                                  "cluster": "no"}, env={})
+
+
+def test_a_dead_server_is_a_counted_miss(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3, connect_timeout_s=0.3), NS)
+    try:
+        stored = ids("dead", 3)
+        put(session, stored)
+        valkey_server.kill9()
+        before = lookup_errors()
+        assert session.contains_prefix(stored, 5) == 0
+        assert lookup_errors() == before + 1
+    finally:
+        session.close()
+
+
+def test_many_threads_looking_up_at_once_each_get_their_own_answer(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    try:
+        sets = [ids(f"t{t}", 32) for t in range(8)]
+        for t, s in enumerate(sets):
+            put(session, s[:t * 4])  # thread t's prefix is 4 * t long
+        wrong: list[tuple[int, int]] = []
+
+        def worker(t: int) -> None:
+            for _ in range(50):
+                got = session.contains_prefix(sets[t], 10)  # more threads than lane connections
+                if got != t * 4:
+                    wrong.append((t, got))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not wrong
+    finally:
+        session.close()
+
+
+def test_after_close_a_lookup_takes_no_connection(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    stored = ids("closed", 2)
+    put(session, stored)
+    assert session.store.contains_prefix_blocking(stored) == 2
+    store = session.store
+    session.close()
+    assert store.contains_prefix_blocking(stored) is None
+
+
+def test_on_a_cluster_keys_spread_over_shards_and_a_moved_slot_still_answer_right(valkey_cluster) -> None:
+    session = StoreSession(valkey_cluster.settings(transport="tcp"), NS)
+    try:
+        stored = ids("cluster", 60)
+        put(session, stored[:40])
+        assert session.store.contains_prefix_blocking(stored) == 40
+        # move the first chunk's slot to another primary: the client's map is stale now
+        from lmcache_valkey.transport.resp.cluster import key_slot
+
+        slot = key_slot(NS.data_key(stored[0]))
+        owner = valkey_cluster.owner_of(slot)
+        valkey_cluster.migrate_slot(slot, next(s for s in valkey_cluster.servers if s is not owner))
+        assert session.contains_prefix(stored, 5) == 40  # (MOVED: answered on the loop's path)
+        assert session.store.contains_prefix_blocking(stored) == 40  # the map is right again
+    finally:
+        session.close()
+
+
+# --- awaited on the engine's own loop (LMCache's batched_async_contains) -----------------------
+
+def wedge_store_loop(session: StoreSession) -> tuple[threading.Event, object]:
+    release = threading.Event()
+
+    async def wedge() -> None:
+        release.wait(30)
+
+    return release, session.io.submit(wedge())
+
+
+async def test_a_lookup_awaited_on_the_engines_loop_needs_neither_the_store_loop_nor_a_thread(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    try:
+        stored = ids("async", 10)
+        put(session, stored[:6])
+        release, wedged = wedge_store_loop(session)
+        try:
+            # the first one opens the lane's connection on a lookup thread; later ones run here
+            assert await session.contains_prefix_async(stored, 5) == 6
+            assert await session.store.contains_prefix_on_caller_loop(stored) == 6
+            assert await session.store.contains_prefix_on_caller_loop(stored[6:]) == 0
+            assert await session.contains_prefix_async([], 5) == 0
+        finally:
+            release.set()
+            wedged.result(10)
+    finally:
+        session.close()
+
+
+async def test_on_the_engines_loop_a_paused_server_or_a_cancelled_lookup_leaves_no_late_reply_behind(valkey_server) -> None:
+    import asyncio
+
+    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3), NS)
+    try:
+        present, absent = ids("here", 16), ids("gone", 16)
+        put(session, present)
+        assert session.store.contains_prefix_blocking(present) == 16  # the lane's connection is open
+        os.kill(valkey_server.pid, signal.SIGSTOP)
+        try:
+            task = asyncio.ensure_future(session.store.contains_prefix_on_caller_loop(present))
+            await asyncio.sleep(0.05)  # (its EXISTS sent on the lane's idle connection)
+            task.cancel()  # the engine gives up
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await session.contains_prefix_async(present, 5) == 0  # on a thread, past its deadline
+        finally:
+            os.kill(valkey_server.pid, signal.SIGCONT)
+        mixed = present[:5] + absent[5:]
+        assert await session.contains_prefix_async(mixed, 5) == 5
+        assert await session.store.contains_prefix_on_caller_loop(mixed) == 5
+        assert session.store.contains_prefix_blocking(absent) == 0
+    finally:
+        session.close()
+
+
+async def test_over_tls_a_lookup_awaited_on_the_engines_loop_is_answered_by_a_lookup_thread(valkey_tls_server) -> None:
+    session = StoreSession(valkey_tls_server.settings(transport="tcp"), NS)
+    try:
+        stored = ids("tls-async", 3)
+        put(session, stored[:2])
+        assert await session.store.contains_prefix_on_caller_loop(stored) is None  # (no loop.sock_* on TLS)
+        assert await session.contains_prefix_async(stored, 5) == 2
+    finally:
+        session.close()
