@@ -5,7 +5,9 @@
 Part 1, routing. The same client work against one standalone Valkey 9.1.2 and against a
 3-primary Cluster on this machine (keys spread over every shard by their hash tags): batched
 put and get of 4 MiB chunks (GB/s, client CPU-seconds per GB, servers' CPU per GB) and a
-512-key prefix lookup (median ms, client CPU per 1,000 keys). What routing costs the client is
+512-key prefix lookup (median ms, client CPU per 1,000 keys), both awaited on the store's loop
+and as an engine's synchronous call makes it (``StoreSession.contains_prefix``, the lookup
+lane on the calling thread). What routing costs the client is
 the Cluster's CPU per GB (and per key) over the standalone one's: slot hashing, grouping per
 node, one pipeline per node. (Aggregate GB/s here cannot grow with shards: three servers and
 the client share two cores. docs/throughput.md has the arithmetic for real nodes.)
@@ -39,6 +41,7 @@ from support.servers import ValkeyCluster, ValkeyServer  # noqa: E402
 from lmcache_valkey.codec import ChunkMeta  # noqa: E402
 from lmcache_valkey.config import settings_from_mapping  # noqa: E402
 from lmcache_valkey.keys import make_namespace  # noqa: E402
+from lmcache_valkey.session import StoreSession  # noqa: E402
 from lmcache_valkey.store import ChunkRef, open_store  # noqa: E402
 
 CHUNK = 4 << 20
@@ -127,14 +130,38 @@ async def routing_case(url: str, pids: list[int], n: int, repeat: int, lookups: 
         await store.close()
 
 
+def engine_lookup_case(url: str, lookups: int) -> dict[str, Any]:
+    """The 512-key lookup as an engine's synchronous call makes it (``StoreSession.contains_prefix``:
+    on this thread, over the lookup lane), the chunks :func:`routing_case` stored."""
+    ns = namespace()
+    settings = settings_from_mapping({"url": url, "op_timeout_s": 30}, env={})
+    session = StoreSession(settings, ns)
+    try:
+        ids = [r.chunk_id for r in refs_of(ns, [f"lookup-{i}" for i in range(512)])]
+        session.contains_prefix(ids, 5)
+        times = []
+        c0 = time.process_time()
+        for _ in range(lookups):
+            t = time.perf_counter()
+            if session.contains_prefix(ids, 5) != 512:
+                raise AssertionError("engine lookup missed")
+            times.append(time.perf_counter() - t)
+        return {"engine_lookup_512_ms": statistics.median(times) * 1000,
+                "engine_lookup_512_cpu_us_per_1k_keys": (time.process_time() - c0) / lookups * 1e6 * 1000 / 512}
+    finally:
+        session.close()
+
+
 def bench_routing(quick: bool) -> dict[str, Any]:
     n, repeat, lookups = (8, 2, 21) if quick else (32, 4, 101)
     res: dict[str, Any] = {}
     with ValkeyServer(args=["--io-threads", "1"]) as one:
         res["one node"] = asyncio.run(routing_case(one.url, [one.pid], n, repeat, lookups))
+        res["one node"].update(engine_lookup_case(one.url, lookups))
     with ValkeyCluster(3, args=["--io-threads", "1"]) as cluster:
         res["3-shard cluster"] = asyncio.run(
             routing_case(cluster.url, [s.pid for s in cluster.servers], n, repeat, lookups))
+        res["3-shard cluster"].update(engine_lookup_case(cluster.url, lookups))
     return res
 
 
@@ -233,16 +260,21 @@ def main() -> int:
     print("== routing: one node vs a 3-shard cluster (4 MiB chunks; 512-key lookup) ==", flush=True)
     routing = bench_routing(args.quick)
     print(f"  {'':<18}{'put GB/s':>9}{'CPU-s/GB':>9}{'server':>8}{'get GB/s':>10}{'CPU-s/GB':>9}{'server':>8}"
-          f"{'lookup ms':>11}{'CPU us/1k keys':>16}")
+          f"{'lookup ms':>11}{'CPU us/1k keys':>16}{'engine ms':>11}{'CPU us/1k keys':>16}")
     for name, r in routing.items():
         print(f"  {name:<18}{r['put_GBps']:9.2f}{r['put_cpu_s_per_GB']:9.3f}{r['put_server_cpu_s_per_GB']:8.3f}"
               f"{r['get_GBps']:10.2f}{r['get_cpu_s_per_GB']:9.3f}{r['get_server_cpu_s_per_GB']:8.3f}"
-              f"{r['lookup_512_ms']:11.3f}{r['lookup_512_cpu_us_per_1k_keys']:16.0f}")
+              f"{r['lookup_512_ms']:11.3f}{r['lookup_512_cpu_us_per_1k_keys']:16.0f}"
+              f"{r['engine_lookup_512_ms']:11.3f}{r['engine_lookup_512_cpu_us_per_1k_keys']:16.0f}")
     one, cl = routing["one node"], routing["3-shard cluster"]
     print("  routing cost (cluster client CPU over one node's, -1): "
           f"put {cl['put_cpu_s_per_GB'] / one['put_cpu_s_per_GB'] - 1:+.1%}, "
           f"get {cl['get_cpu_s_per_GB'] / one['get_cpu_s_per_GB'] - 1:+.1%}, "
-          f"lookup {cl['lookup_512_cpu_us_per_1k_keys'] / one['lookup_512_cpu_us_per_1k_keys'] - 1:+.1%} per key",
+          f"lookup {cl['lookup_512_cpu_us_per_1k_keys'] / one['lookup_512_cpu_us_per_1k_keys'] - 1:+.1%} per key "
+          f"(engine's: {cl['engine_lookup_512_cpu_us_per_1k_keys'] / one['engine_lookup_512_cpu_us_per_1k_keys'] - 1:+.1%}); "
+          "latency: lookup "
+          f"{cl['lookup_512_ms'] / one['lookup_512_ms'] - 1:+.1%}, engine's "
+          f"{cl['engine_lookup_512_ms'] / one['engine_lookup_512_ms'] - 1:+.1%}",
           flush=True)
     print("== worker processes against one node (4 MiB chunks) ==", flush=True)
     procs = bench_processes(args.quick)

@@ -187,7 +187,8 @@ async def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> Non
 
 def test_a_lookup_groups_its_keys_by_node_as_routing_one_key_at_a_time_would() -> None:
     """The whole-batch grouping (C-level, for lookups of many keys) agrees with _route per key,
-    keeps each node's keys in their original order, and survives a MOVED-updated slot."""
+    keeps each node's keys in their original order, survives a MOVED-updated slot, and puts
+    each node's answers back at their keys' places."""
     from lmcache_valkey.config import Node, settings_from_mapping
     from lmcache_valkey.transport.resp.cluster import SlotMap
 
@@ -199,9 +200,20 @@ def test_a_lookup_groups_its_keys_by_node_as_routing_one_key_at_a_time_would() -
     c._map.set(key_slot(b"{moved}"), Node("127.0.0.1", 7009))  # a MOVED reply taught us a new node
     rng = random.Random(3)
     keys = [b"lmcv:t:ns:c:{%x}" % rng.getrandbits(128) for _ in range(700)] + [b"{moved}"]
-    groups = c._by_node(keys)
-    assert sorted(i for _, idxs in groups for i in idxs) == list(range(len(keys)))
-    for node, idxs in groups:
-        assert idxs == sorted(idxs)
-        assert all(c._route(keys[i]) == node for i in idxs)
-    assert {node for node, _ in groups} == {*nodes, Node("127.0.0.1", 7009)}
+    plan = c._lookup_plan(keys)
+    assert sorted(k for _, _, ks in plan.parts for k in ks) == sorted(keys)
+    for node, _, ks in plan.parts:
+        assert list(ks) == [k for k in keys if k in set(ks)]  # each node's keys in lookup order
+        assert all(c._route(k) == node for k in ks)
+    assert {node for node, _, _ in plan.parts} == {*nodes, Node("127.0.0.1", 7009)}
+    # the nodes' answers go back to their keys' places: answer "present" for the keys of
+    # odd-numbered nodes only and check every key's flag against its own node
+    from lmcache_valkey.transport.resp.parser import FlagRun
+
+    runs = []
+    for _, j, ks in plan.parts:
+        run = FlagRun(len(ks))
+        run.flags = bytearray([j % 2]) * len(ks)
+        runs.append(run)
+    by_node = {node: j for node, j, _ in plan.parts}
+    assert list(plan.found(runs)) == [by_node[c._route(k)] % 2 for k in keys]

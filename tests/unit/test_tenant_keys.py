@@ -67,3 +67,12 @@ def test_remembered_ids_are_the_ids_the_namespace_derives_and_stay_bounded():
     assert len(ids._ids) <= 8
     assert ns.data_keys(ids.many(strings[:3])) == [ns.data_key(ns.chunk_id(s)) for s in strings[:3]]
     assert ns.marker_keys(["ab"]) == [ns.marker_key("ab")] == [f"{ns.base}:t:{{ab}}".encode()]
+
+
+def test_a_lookups_keys_built_in_one_pass_are_each_ids_own_key_even_for_an_id_with_a_newline():
+    ns = make_namespace("lmcv", "acme", {"model": "m"})
+    many = [ns.chunk_id(f"k{i}") for i in range(600)]
+    assert ns.data_keys(many) == [ns.data_key(c) for c in many]
+    assert ns.marker_keys(many) == [ns.marker_key(c) for c in many]
+    odd = many[:10] + ["not\nhex"] + many[10:20]  # the one-pass split would count it twice
+    assert ns.data_keys(odd) == [ns.data_key(c) for c in odd]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from operator import itemgetter
 from typing import Any, AsyncIterator, Sequence
 
 from ...timeouts import timeout as deadline
@@ -122,6 +123,44 @@ async def _detect_cluster(conn: Any, node: Node, bound: int) -> bool:
         return False
 
 
+class _LookupPlan:
+    """A lookup's keys per node, and how the nodes' answers go back into the lookup's order.
+
+    ``parts``: ``(node, j, keys)`` per node asked, ``j`` its place among the primaries;
+    ``owner[i]``: the ``j`` of key i's node (``None`` on a standalone server: one part)."""
+
+    __slots__ = ("parts", "owner")
+
+    def __init__(self, parts: list[tuple[Node, int, Sequence[bytes]]], owner: list[int] | None) -> None:
+        self.parts = parts
+        self.owner = owner
+
+    def found(self, runs: Sequence[FlagRun]) -> bytes | bytearray:
+        """One flag per key, in the lookup's order: each node's flags taken in turn as its
+        keys come up (C-level iteration, not a Python step per key)."""
+        if self.owner is None:
+            return runs[0].flags
+        flags: list[Any] = [None] * (max(j for _, j, _ in self.parts) + 1)
+        for (_, j, _), run in zip(self.parts, runs):
+            flags[j] = iter(run.flags)
+        out = bytes(map(next, map(flags.__getitem__, self.owner)))
+        if len(out) != len(self.owner):  # (a node answered fewer flags than it was asked for)
+            raise ProtocolError("a node's EXISTS replies ran short")
+        return out
+
+    def odd(self, runs: Sequence[FlagRun]) -> dict[int, Any]:
+        """The replies that were not a plain 0 or 1, by the lookup's key position (rare:
+        redirections and errors)."""
+        if self.owner is None:
+            return runs[0].odd
+        out: dict[int, Any] = {}
+        for (_, j, _), run in zip(self.parts, runs):
+            if run.odd:
+                positions = [i for i, o in enumerate(self.owner) if o == j]
+                out.update((positions[k], v) for k, v in run.odd.items())
+        return out
+
+
 class RespClient:
     # The commands values move with: Valkey strings. A subclass may store values as another
     # type with the same shapes (transport/blob_tcp.py: valkey-large-object's TCP commands).
@@ -225,9 +264,11 @@ class RespClient:
             slot = cache[key] = key_slot(key)
         return self._map.node_for(slot) or (self._map.primaries or [self._primary])[0]
 
-    def _by_node(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int]]]:
-        """Cluster: the positions of ``keys`` grouped by the primary that owns each one's slot
-        (what :meth:`_route` says key by key, for a whole lookup at C speed)."""
+    def _lookup_plan(self, keys: Sequence[bytes]) -> "_LookupPlan":
+        """Which node is asked which of ``keys``: the primary that owns each one's slot (what
+        :meth:`_route` says key by key, for a whole lookup at C speed)."""
+        if not self._cluster:
+            return _LookupPlan([(self._primary, 0, keys)], None)
         cache = self._slot_cache
         slots = list(map(cache.get, keys))
         if None in slots:
@@ -238,16 +279,16 @@ class RespClient:
                     slots[i] = cache[keys[i]] = key_slot(keys[i])
         primaries = self._map.primaries
         if not primaries:
-            return [(self._primary, list(range(len(keys))))]
+            return _LookupPlan([(self._primary, 0, keys)], None)
         owner = list(map(self._map.index.__getitem__, slots))  # unclaimed slots: the first primary
-        order = sorted(range(len(keys)), key=owner.__getitem__)
-        out, at = [], 0
+        in_order = itemgetter(*sorted(range(len(keys)), key=owner.__getitem__))(keys) if len(keys) > 1 else keys
+        parts, at = [], 0
         for j, node in enumerate(primaries):
             n = owner.count(j)
             if n:
-                out.append((node, order[at:at + n]))
+                parts.append((node, j, in_order[at:at + n]))
                 at += n
-        return out
+        return _LookupPlan(parts, owner)
 
     def _schedule_refresh(self) -> None:
         if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
@@ -442,28 +483,22 @@ class RespClient:
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        parts = self._exists_parts(keys)
+        plan = self._lookup_plan(keys)
         ops = []
-        for j, (node, _, ks) in enumerate(parts):
-            op = Op(j, (_exists_pipeline(ks),), None)
+        for k, (node, _, ks) in enumerate(plan.parts):
+            op = Op(k, (_exists_pipeline(ks),), None)
             op.node, op.nreplies, op.flags = node, len(ks), True
             ops.append(op)
         runs = await self._run(ops, large=False, timeout=timeout)
-        found = bytearray(len(keys)) if self._cluster else None
-        odd: dict[int, Any] = {}
-        for (_, idxs, _), run in zip(parts, runs):
+        for run in runs:
             if isinstance(run, BaseException):
                 raise run
             if type(run) is not FlagRun:
                 raise ProtocolError(f"unexpected EXISTS replies: {describe(run)}")
-            if idxs is None:
-                found = run.flags
-                odd = run.odd
-            else:
-                for i, f in zip(idxs, run.flags):
-                    found[i] = f  # type: ignore[index]
-                odd.update((idxs[j], v) for j, v in run.odd.items())
+        found = plan.found(runs)
+        odd = plan.odd(runs)
         if odd:
+            found = bytearray(found)
             redirected = [i for i, v in odd.items() if isinstance(v, (Redirect, TryAgain))]
             if redirected:  # slots moved under us: per key, following redirections
                 ops = [Op(j, (encode_command((b"EXISTS", keys[i])),), None, keys[i]) for j, i in enumerate(redirected)]
@@ -476,14 +511,8 @@ class RespClient:
                 if type(v) is not int or not 0 <= v <= 1:  # EXISTS of one key: 0 or 1, nothing else
                     raise ProtocolError(f"unexpected EXISTS reply: {describe(v)}")
             for i, v in odd.items():
-                found[i] = v  # type: ignore[index]
-        return list(map(bool, found))  # type: ignore[arg-type]
-
-    def _exists_parts(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int] | None, Sequence[bytes]]]:
-        """``(node, positions or None for all, keys)`` per node a lookup asks."""
-        if self._cluster:
-            return [(node, idxs, [keys[i] for i in idxs]) for node, idxs in self._by_node(keys)]
-        return [(self._primary, None, keys)]
+                found[i] = v
+        return list(map(bool, found))
 
     def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
         """:meth:`exists_many` on the calling thread, which blocks (never an event loop's):
@@ -493,11 +522,11 @@ class RespClient:
         redirection, an error reply): the loop's path follows or raises those."""
         if not keys:
             return []
-        parts = self._lane_parts(keys)
-        if parts is None:
+        plan = self._lane_plan(keys)
+        if plan is None:
             return None
-        runs = self._blocking.exists([(node, _exists_pipeline(ks), len(ks)) for node, _, ks in parts], timeout)
-        return self._lane_found(keys, parts, runs)
+        runs = self._blocking.exists([(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts], timeout)
+        return None if runs is None or plan.odd(runs) else list(map(bool, plan.found(runs)))
 
     async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
         """:meth:`exists_many` awaited on the caller's own event loop, over the blocking
@@ -506,36 +535,24 @@ class RespClient:
         connection to every node asked."""
         if not keys:
             return []
-        parts = self._lane_parts(keys)
-        if parts is None:
+        plan = self._lane_plan(keys)
+        if plan is None:
             return None
         runs = await self._blocking.exists_on_caller_loop(
-            [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in parts], timeout)
-        return self._lane_found(keys, parts, runs)
+            [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts], timeout)
+        return None if runs is None or plan.odd(runs) else list(map(bool, plan.found(runs)))
 
-    def _lane_parts(self, keys: Sequence[bytes]) -> list[tuple[Node, list[int] | None, Sequence[bytes]]] | None:
+    def _lane_plan(self, keys: Sequence[bytes]) -> "_LookupPlan | None":
+        """The plan of a lookup off the loop's thread, or None (then the loop's path)."""
         if not self._started or self._closed:
             return None
         try:
-            parts = self._exists_parts(keys)
+            plan = self._lookup_plan(keys)
         except (KeyError, IndexError, ValueError):  # the slot map being replaced on the loop's thread
             return None
-        if sum(len(ks) for _, _, ks in parts) != len(keys):  # (that, caught half-way)
+        if sum(len(ks) for _, _, ks in plan.parts) != len(keys):  # (that, caught half-way)
             return None
-        return parts
-
-    @staticmethod
-    def _lane_found(keys: Sequence[bytes], parts: list[tuple[Node, list[int] | None, Sequence[bytes]]],
-                    runs: list[FlagRun] | None) -> list[bool] | None:
-        if runs is None or any(run.odd for run in runs):
-            return None
-        if len(runs) == 1 and parts[0][1] is None:
-            return list(map(bool, runs[0].flags))
-        found = bytearray(len(keys))
-        for (_, idxs, _), run in zip(parts, runs):
-            for i, f in zip(idxs, run.flags):  # type: ignore[arg-type]
-                found[i] = f
-        return list(map(bool, found))
+        return plan
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:
         """UNLINK keys; returns how many existed. One command per slot (cluster) or one in all."""
