@@ -149,6 +149,9 @@ class ChunkStore:
         self._closed = False
         self._borrowed = False  # a view made by for_namespace: the connections are another store's
         self._loop = _running_loop()  # where this store runs (created there, by open_store)
+        # chunk id -> its keys, for lookups (see _remembered); any thread may fill them
+        self._data_keys: dict[str, bytes] = {}
+        self._marker_keys: dict[str, bytes] = {}
         self.owned: list[Any] = []  # tier client/manager, extra connections: closed before the transport
 
     def for_namespace(self, namespace: Namespace) -> "ChunkStore":
@@ -235,10 +238,10 @@ class ChunkStore:
         return found
 
     def _lookup_keys(self, chunk_ids: Sequence[str]) -> list[bytes]:
-        keys = self.namespace.data_keys(chunk_ids)
+        keys = _remembered(self._data_keys, chunk_ids, self.namespace.data_keys)
         if self.tiers is not None:
             # Value and marker share a slot; one pipelined pass answers "any tier".
-            keys += self.namespace.marker_keys(chunk_ids)
+            keys += _remembered(self._marker_keys, chunk_ids, self.namespace.marker_keys)
         return keys
 
     async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
@@ -799,6 +802,22 @@ async def _done(value: int) -> int:
 
 
 _NEEDS_LOOP = object()  # a blocking lookup the transport cannot do off the loop
+_KEYS_REMEMBERED = 1 << 16  # lookup keys kept per store (~10 MB at most), then all forgotten
+
+
+def _remembered(cache: dict[str, bytes], chunk_ids: Sequence[str], make: Callable[[Sequence[str]], list[bytes]]) -> list[bytes]:
+    """The keys of ``chunk_ids``, the same bytes objects as the last lookup of those ids.
+
+    An engine looks the same prefixes up again and again. A key object seen before carries
+    its hash, so the transport's per-key dictionaries (a Cluster's slot per key) answer without
+    hashing ~70 bytes per key again; and the keys are not formatted again either."""
+    keys = list(map(cache.get, chunk_ids))
+    if None in keys:
+        if len(cache) + len(chunk_ids) > _KEYS_REMEMBERED:
+            cache.clear()
+        keys = make(chunk_ids)
+        cache.update(zip(chunk_ids, keys))
+    return keys
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -12,8 +12,10 @@ not fail the others. Buffer ownership: see :mod:`.connection`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from itertools import compress
 from operator import itemgetter
 from typing import Any, AsyncIterator, Sequence
 
@@ -123,6 +125,17 @@ async def _detect_cluster(conn: Any, node: Node, bound: int) -> bool:
         return False
 
 
+# A lookup touching at most this many nodes picks each node's keys with one C-level pass per
+# node; touching more, with one sort.
+_MASK_PASSES_MAX = 8
+
+
+@functools.lru_cache(maxsize=256)
+def _node_mask(j: int) -> bytes:
+    """A ``bytes.translate`` table: byte ``j`` becomes 1, every other byte 0."""
+    return bytes(int(b == j) for b in range(256))
+
+
 class _LookupPlan:
     """A lookup's keys per node, and how the nodes' answers go back into the lookup's order.
 
@@ -140,6 +153,11 @@ class _LookupPlan:
         keys come up (C-level iteration, not a Python step per key)."""
         if self.owner is None:
             return runs[0].flags
+        n = len(self.owner)
+        if all(run.flags.count(0) == 0 for run in runs):  # the usual answers: all there, none there
+            return b"\x01" * n
+        if all(run.flags.count(1) == 0 for run in runs):
+            return bytes(n)
         flags: list[Any] = [None] * (max(j for _, j, _ in self.parts) + 1)
         for (_, j, _), run in zip(self.parts, runs):
             flags[j] = iter(run.flags)
@@ -281,8 +299,17 @@ class RespClient:
         if not primaries:
             return _LookupPlan([(self._primary, 0, keys)], None)
         owner = list(map(self._map.index.__getitem__, slots))  # unclaimed slots: the first primary
+        parts = []
+        if len(primaries) <= 255:
+            # owner as bytes: which nodes are asked, and each one's keys, by C-level passes
+            by_byte = bytes(owner)
+            asked = sorted(set(by_byte))
+            if len(asked) <= _MASK_PASSES_MAX:
+                for j in asked:
+                    parts.append((primaries[j], j, list(compress(keys, by_byte.translate(_node_mask(j))))))
+                return _LookupPlan(parts, owner)
         in_order = itemgetter(*sorted(range(len(keys)), key=owner.__getitem__))(keys) if len(keys) > 1 else keys
-        parts, at = [], 0
+        at = 0
         for j, node in enumerate(primaries):
             n = owner.count(j)
             if n:
