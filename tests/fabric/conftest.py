@@ -48,6 +48,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _PortTaken(Exception):
+    pass
+
+
 @dataclass
 class Server:
     binary: str
@@ -59,13 +63,27 @@ class Server:
     proc: subprocess.Popen | None = None
 
     def start(self) -> "Server":
+        """Start and wait for PING. The module binds its fabric endpoint (an ephemeral port) before
+        Valkey listens on ``port``, so the kernel may hand that very port to the endpoint: then
+        Valkey exits with "Address already in use" and we retry on another port."""
+        for _ in range(5):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                self.port = free_port()
+        return self._start_once()
+
+    def _start_once(self) -> "Server":
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--logfile", str(self.log), "--loadmodule", str(MODULE_SO), "provider", self.provider,
                 "bind", "127.0.0.1", "arena_mb", str(self.arena_mb), *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         for _ in range(200):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}): {self.log.read_text(errors='replace')[-2000:]}")
+                log = self.log.read_text(errors="replace")
+                if f"{self.port}: bind: Address already in use" in log:
+                    raise _PortTaken(self.port)
+                raise RuntimeError(f"server exited ({self.proc.returncode}): {log[-2000:]}")
             try:
                 valkey.Valkey(port=self.port, socket_timeout=1).ping()
                 return self
