@@ -87,8 +87,8 @@ class Server:
             try:
                 valkey.Valkey(port=self.port, socket_timeout=1).ping()
                 return self
-            except valkey.exceptions.ConnectionError:
-                time.sleep(0.05)
+            except (valkey.exceptions.ConnectionError, valkey.exceptions.TimeoutError):
+                time.sleep(0.05)  # (a timeout: whatever holds the port is not this Valkey; see start)
         self.stop()
         raise RuntimeError(f"server did not answer PING: {self.log.read_text(errors='replace')[-2000:]}")
 
