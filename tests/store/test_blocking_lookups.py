@@ -97,7 +97,7 @@ def test_an_acl_worker_over_tls_in_another_database_finds_its_chunks(valkey_tls_
 
 
 def test_a_paused_server_costs_one_deadline_and_its_late_replies_never_answer_a_later_lookup(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3), NS)
+    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0), NS)
     try:
         present, absent = ids("here", 16), ids("gone", 16)
         put(session, present)
@@ -179,6 +179,7 @@ def test_many_threads_looking_up_at_once_each_get_their_own_answer(valkey_server
             th.start()
         for th in threads:
             th.join(60)
+        assert not any(th.is_alive() for th in threads)
         assert not wrong
     finally:
         session.close()
@@ -245,7 +246,7 @@ async def test_a_lookup_awaited_on_the_engines_loop_needs_neither_the_store_loop
 async def test_on_the_engines_loop_a_paused_server_or_a_cancelled_lookup_leaves_no_late_reply_behind(valkey_server) -> None:
     import asyncio
 
-    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3), NS)
+    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0), NS)
     try:
         present, absent = ids("here", 16), ids("gone", 16)
         put(session, present)
@@ -275,5 +276,40 @@ async def test_over_tls_a_lookup_awaited_on_the_engines_loop_is_answered_by_a_lo
         put(session, stored[:2])
         assert await session.store.contains_prefix_on_caller_loop(stored) is None  # (no loop.sock_* on TLS)
         assert await session.contains_prefix_async(stored, 5) == 2
+    finally:
+        session.close()
+
+
+def test_an_idle_lookup_connection_the_server_closed_is_not_a_miss(valkey_server) -> None:
+    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
+    try:
+        stored = ids("killed", 6)
+        put(session, stored)
+        assert session.store.contains_prefix_blocking(stored) == 6  # the lane's connection is idle now
+        errors = lookup_errors()
+        valkey_server.cmd("CLIENT", "KILL", "TYPE", "normal")  # (a restart, `timeout`, a failover)
+        assert session.contains_prefix(stored, 5) == 6
+        assert session.store.contains_prefix_blocking(stored) == 6  # on a fresh connection
+        assert lookup_errors() == errors
+    finally:
+        session.close()
+
+
+def test_a_cluster_lookup_that_finds_one_node_busy_keeps_no_other_nodes_connection(valkey_cluster) -> None:
+    session = StoreSession(valkey_cluster.settings(transport="tcp"), NS)
+    try:
+        stored = ids("busy", 60)
+        put(session, stored)
+        assert session.store.contains_prefix_blocking(stored) == 60
+        lane = session.store.transport._blocking
+        busy_node = valkey_cluster.servers[1].node
+        held = [lane._take(busy_node) for _ in range(4)]
+        held = [c for c in held if c is not None]  # every lane connection to that node, in use
+        for _ in range(5):
+            assert session.store.contains_prefix_blocking(stored) is None  # the loop's path instead
+            assert session.contains_prefix(stored, 5) == 60
+        for c in held:
+            lane._give_back(c) if c.sock is not None else lane._drop(c)
+        assert session.store.contains_prefix_blocking(stored) == 60  # the other nodes' are still free
     finally:
         session.close()

@@ -82,6 +82,20 @@ class _Conn:
                 pass
 
 
+def _lookup_error(e: BaseException, timeout: float) -> BaseException:
+    """The typed error a failed lookup raises; a cancellation (or any BaseException that is not
+    an Exception) stays itself."""
+    if isinstance(e, TransportError) or not isinstance(e, Exception):
+        return e
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return DeadlineExceeded(f"lookup: no answer within {timeout:g}s")
+    if isinstance(e, ssl.SSLError):
+        return ConnectionLost(f"lookup: TLS error: {e}")
+    if isinstance(e, OSError):
+        return ConnectionLost(f"lookup: {e.strerror or e}")
+    return ConnectionLost(f"lookup: {type(e).__name__}: {e}")  # (e.g. a host name IDNA refuses)
+
+
 def _left(deadline: float, node: Node) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -109,13 +123,11 @@ class BlockingLookups:
         not to be had at once (all in use, or this lane closed): the caller takes the loop's
         path. Raises :class:`TransportError` (``DeadlineExceeded`` past ``timeout``)."""
         deadline = time.monotonic() + timeout
-        conns: list[_Conn] = []
+        conns = self._take_all(parts)
+        if conns is None:
+            return None
+        reused = any(c.sock is not None for c in conns)
         try:
-            for node, _, _ in parts:
-                c = self._take(node)
-                if c is None:
-                    return None
-                conns.append(c)
             for c in conns:  # a new connection is opened here, within the deadline
                 if c.sock is None:
                     self._connect(c, deadline)
@@ -127,15 +139,13 @@ class BlockingLookups:
         except BaseException as e:
             for c in conns:
                 self._drop(c)
-            if isinstance(e, TransportError):
-                raise
-            if isinstance(e, (socket.timeout, TimeoutError)):
-                raise DeadlineExceeded(f"lookup: no answer within {timeout:g}s") from None
-            if isinstance(e, ssl.SSLError):
-                raise ConnectionLost(f"lookup: TLS error: {e}") from None
-            if isinstance(e, OSError):
-                raise ConnectionLost(f"lookup: {e.strerror or e}") from None
-            raise
+            err = _lookup_error(e, timeout)
+            if isinstance(err, ConnectionLost) and reused:
+                # An idle connection the server (or its timeout, a restart, a failover) closed
+                # meanwhile: not a failed lookup. The loop's path answers it; the next one here
+                # opens a fresh connection.
+                return None
+            raise err from None
         return self._finish(conns)
 
     def _finish(self, conns: list[_Conn]) -> list[FlagRun]:
@@ -163,14 +173,9 @@ class BlockingLookups:
         the exception propagates."""
         if self._ssl is not None:
             return None  # (an SSLSocket cannot be driven by loop.sock_*)
-        conns: list[_Conn] = []
-        for node, _, _ in parts:
-            c = self._take(node, idle_only=True)
-            if c is None:
-                for c2 in conns:
-                    self._give_back(c2)
-                return None
-            conns.append(c)
+        conns = self._take_all(parts, idle_only=True)
+        if conns is None:
+            return None
         loop = asyncio.get_running_loop()
         try:
             async with time_limit(timeout):
@@ -188,13 +193,10 @@ class BlockingLookups:
         except BaseException as e:
             for c in conns:
                 self._drop(c)
-            if isinstance(e, TransportError):
-                raise
-            if isinstance(e, TimeoutError):
-                raise DeadlineExceeded(f"lookup: no answer within {timeout:g}s") from None
-            if isinstance(e, OSError):
-                raise ConnectionLost(f"lookup: {e.strerror or e}") from None
-            raise
+            err = _lookup_error(e, timeout)
+            if isinstance(err, ConnectionLost):
+                return None  # (an idle connection closed meanwhile: see exists)
+            raise err from None
         return self._finish(conns)
 
     def close(self) -> None:
@@ -208,13 +210,29 @@ class BlockingLookups:
         for c in idle:
             c.close()
         for c in busy:
-            if c.sock is not None:
+            sock = c.sock  # (read once: its thread may be handing it back right now)
+            if sock is not None:
                 try:
-                    c.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except (OSError, ValueError):
                     pass
 
     # --- connections ---------------------------------------------------------------
+
+    def _take_all(self, parts: Sequence[tuple[Node, bytes, int]], idle_only: bool = False) -> list[_Conn] | None:
+        """A connection for each part, or none at all (those taken are handed back)."""
+        conns: list[_Conn] = []
+        for node, _, _ in parts:
+            c = self._take(node, idle_only)
+            if c is None:
+                for c2 in conns:
+                    if c2.sock is None:
+                        self._drop(c2)  # (never connected: its place is freed)
+                    else:
+                        self._give_back(c2)
+                return None
+            conns.append(c)
+        return conns
 
     def _take(self, node: Node, idle_only: bool = False) -> _Conn | None:
         with self._lock:
