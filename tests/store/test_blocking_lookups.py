@@ -9,6 +9,8 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 from support.acl_lines import setuser
@@ -17,6 +19,7 @@ from support.hostile import HostileServer
 from lmcache_valkey import metrics
 from lmcache_valkey.acl import worker_line
 from lmcache_valkey.codec import ChunkMeta
+from lmcache_valkey.config import Settings, settings_from_mapping
 from lmcache_valkey.keys import make_namespace
 from lmcache_valkey.session import StoreSession
 from lmcache_valkey.store import ChunkRef
@@ -31,6 +34,16 @@ def ids(prefix: str, n: int) -> list[str]:
     return [NS.chunk_id(f"{prefix}-{i}") for i in range(n)]
 
 
+@contextmanager
+def opened(settings: Any) -> Iterator[StoreSession]:
+    """A store session as an engine adapter holds one, closed after the test."""
+    session = StoreSession(settings, NS)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
 def put(session: StoreSession, chunk_ids: list[str]) -> None:
     items = [(ChunkRef(c, c), META, memoryview(bytes(64))) for c in chunk_ids]
     assert all(session.run_sync(session.store.put_many(items), 20))
@@ -43,8 +56,7 @@ def lookup_errors(cause: str | None = None) -> float:
 
 
 def test_a_lookup_is_answered_on_the_waiting_thread_even_while_the_store_loop_is_wedged(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp")) as session:
         stored = ids("chunk", 8)
         put(session, stored[:3] + stored[4:])
         release = threading.Event()
@@ -63,13 +75,10 @@ def test_a_lookup_is_answered_on_the_waiting_thread_even_while_the_store_loop_is
             wedged.result(10)
         # the loop's own path agrees
         assert session.run_sync(session.store.contains_each(stored), 5) == [True] * 3 + [False] + [True] * 4
-    finally:
-        session.close()
 
 
 def test_on_the_store_loop_itself_a_lookup_never_blocks_but_takes_the_loops_path(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp")) as session:
         stored = ids("chunk", 2)
         put(session, stored)
 
@@ -77,28 +86,22 @@ def test_on_the_store_loop_itself_a_lookup_never_blocks_but_takes_the_loops_path
             return session.store.contains_prefix_blocking(stored), await session.store.contains_prefix(stored)
 
         assert session.run_sync(on_the_loop(), 10) == (None, 2)
-    finally:
-        session.close()
 
 
 def test_an_acl_worker_over_tls_in_another_database_finds_its_chunks(valkey_tls_server) -> None:
     setuser(valkey_tls_server, worker_line("worker-a", "team-a", db=1), "s3cret")
     settings = valkey_tls_server.settings(url=valkey_tls_server.url + "/1", transport="tcp",
                                           username="worker-a", password="s3cret")
-    session = StoreSession(settings, NS)
-    try:
+    with opened(settings) as session:
         stored = ids("tls", 4)
         put(session, stored[:2])
         assert session.store.contains_prefix_blocking(stored) == 2
         # db 0 holds nothing of it: the lane's connections did select database 1
         assert valkey_tls_server.cmd("DBSIZE") == 0
-    finally:
-        session.close()
 
 
 def test_a_paused_server_costs_one_deadline_and_its_late_replies_never_answer_a_later_lookup(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0)) as session:
         present, absent = ids("here", 16), ids("gone", 16)
         put(session, present)
         assert session.store.contains_prefix_blocking(present) == 16  # the lane's connection is open
@@ -117,8 +120,6 @@ def test_a_paused_server_costs_one_deadline_and_its_late_replies_never_answer_a_
         assert session.store.contains_prefix_blocking(absent) == 0
         assert session.store.contains_prefix_blocking(present) == 16
         assert lookup_errors() == errors + 1
-    finally:
-        session.close()
 
 
 @pytest.mark.parametrize("reply", [b":7\r\n", b"!garbage\r\n", b"$999999999\r\n", b"-NOPERM no\r\n"],
@@ -128,41 +129,32 @@ def test_a_lying_server_makes_a_lookup_a_counted_miss_never_a_hit(reply: bytes) 
         return reply if name == b"EXISTS" else None
 
     with HostileServer(lie) as srv:
-        session = StoreSession(srv_settings(srv), NS)
-        try:
+        with opened(srv_settings(srv)) as session:
             stored = ids("lie", 4)
             put(session, stored)
             errors = lookup_errors()
             assert session.contains_prefix(stored, 5) == 0
             assert session.store.contains_each_blocking(stored) in (None, [False] * 4)
             assert lookup_errors() > errors
-        finally:
-            session.close()
 
 
-def srv_settings(srv: HostileServer):
-    from lmcache_valkey.config import settings_from_mapping
-
+def srv_settings(srv: HostileServer) -> Settings:
     return settings_from_mapping({"url": srv.url, "transport": "tcp", "lookup_timeout_s": 0.5,
                                   "cluster": "no"}, env={})
 
 
 def test_a_dead_server_is_a_counted_miss(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3, connect_timeout_s=0.3), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp", lookup_timeout_s=0.3, connect_timeout_s=0.3)) as session:
         stored = ids("dead", 3)
         put(session, stored)
         valkey_server.kill9()
         before = lookup_errors()
         assert session.contains_prefix(stored, 5) == 0
         assert lookup_errors() == before + 1
-    finally:
-        session.close()
 
 
 def test_many_threads_looking_up_at_once_each_get_their_own_answer(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp")) as session:
         sets = [ids(f"t{t}", 32) for t in range(8)]
         for t, s in enumerate(sets):
             put(session, s[:t * 4])  # thread t's prefix is 4 * t long
@@ -181,8 +173,6 @@ def test_many_threads_looking_up_at_once_each_get_their_own_answer(valkey_server
             th.join(60)
         assert not any(th.is_alive() for th in threads)
         assert not wrong
-    finally:
-        session.close()
 
 
 def test_after_close_a_lookup_takes_no_connection(valkey_server) -> None:
@@ -196,8 +186,7 @@ def test_after_close_a_lookup_takes_no_connection(valkey_server) -> None:
 
 
 def test_on_a_cluster_keys_spread_over_shards_and_a_moved_slot_still_answer_right(valkey_cluster) -> None:
-    session = StoreSession(valkey_cluster.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_cluster.settings(transport="tcp")) as session:
         stored = ids("cluster", 60)
         put(session, stored[:40])
         assert session.store.contains_prefix_blocking(stored) == 40
@@ -209,8 +198,6 @@ def test_on_a_cluster_keys_spread_over_shards_and_a_moved_slot_still_answer_righ
         valkey_cluster.migrate_slot(slot, next(s for s in valkey_cluster.servers if s is not owner))
         assert session.contains_prefix(stored, 5) == 40  # (MOVED: answered on the loop's path)
         assert session.store.contains_prefix_blocking(stored) == 40  # the map is right again
-    finally:
-        session.close()
 
 
 # --- awaited on the engine's own loop (LMCache's batched_async_contains) -----------------------
@@ -225,8 +212,7 @@ def wedge_store_loop(session: StoreSession) -> tuple[threading.Event, object]:
 
 
 async def test_a_lookup_awaited_on_the_engines_loop_needs_neither_the_store_loop_nor_a_thread(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp")) as session:
         stored = ids("async", 10)
         put(session, stored[:6])
         release, wedged = wedge_store_loop(session)
@@ -239,15 +225,12 @@ async def test_a_lookup_awaited_on_the_engines_loop_needs_neither_the_store_loop
         finally:
             release.set()
             wedged.result(10)
-    finally:
-        session.close()
 
 
 async def test_on_the_engines_loop_a_paused_server_or_a_cancelled_lookup_leaves_no_late_reply_behind(valkey_server) -> None:
     import asyncio
 
-    session = StoreSession(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp", lookup_timeout_s=1.0)) as session:
         present, absent = ids("here", 16), ids("gone", 16)
         put(session, present)
         assert session.store.contains_prefix_blocking(present) == 16  # the lane's connection is open
@@ -265,24 +248,18 @@ async def test_on_the_engines_loop_a_paused_server_or_a_cancelled_lookup_leaves_
         assert await session.contains_prefix_async(mixed, 5) == 5
         assert await session.store.contains_prefix_on_caller_loop(mixed) == 5
         assert session.store.contains_prefix_blocking(absent) == 0
-    finally:
-        session.close()
 
 
 async def test_over_tls_a_lookup_awaited_on_the_engines_loop_is_answered_by_a_lookup_thread(valkey_tls_server) -> None:
-    session = StoreSession(valkey_tls_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_tls_server.settings(transport="tcp")) as session:
         stored = ids("tls-async", 3)
         put(session, stored[:2])
         assert await session.store.contains_prefix_on_caller_loop(stored) is None  # (no loop.sock_* on TLS)
         assert await session.contains_prefix_async(stored, 5) == 2
-    finally:
-        session.close()
 
 
 def test_an_idle_lookup_connection_the_server_closed_is_not_a_miss(valkey_server) -> None:
-    session = StoreSession(valkey_server.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_server.settings(transport="tcp")) as session:
         stored = ids("killed", 6)
         put(session, stored)
         assert session.store.contains_prefix_blocking(stored) == 6  # the lane's connection is idle now
@@ -291,13 +268,10 @@ def test_an_idle_lookup_connection_the_server_closed_is_not_a_miss(valkey_server
         assert session.contains_prefix(stored, 5) == 6
         assert session.store.contains_prefix_blocking(stored) == 6  # on a fresh connection
         assert lookup_errors() == errors
-    finally:
-        session.close()
 
 
 def test_a_cluster_lookup_that_finds_one_node_busy_keeps_no_other_nodes_connection(valkey_cluster) -> None:
-    session = StoreSession(valkey_cluster.settings(transport="tcp"), NS)
-    try:
+    with opened(valkey_cluster.settings(transport="tcp")) as session:
         stored = ids("busy", 60)
         put(session, stored)
         assert session.store.contains_prefix_blocking(stored) == 60
@@ -311,5 +285,3 @@ def test_a_cluster_lookup_that_finds_one_node_busy_keeps_no_other_nodes_connecti
         for c in held:
             lane._give_back(c) if c.sock is not None else lane._drop(c)
         assert session.store.contains_prefix_blocking(stored) == 60  # the other nodes' are still free
-    finally:
-        session.close()
