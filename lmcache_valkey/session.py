@@ -67,6 +67,7 @@ class StoreSession:
         self.io = LoopThread(name)
         self._lookups: concurrent.futures.ThreadPoolExecutor | None = None  # started on first use
         self._lookups_lock = threading.Lock()
+        self._closed = False
         try:
             self.store: ChunkStore = self.io.run_sync(
                 open_store(settings, namespace, tiering=tiering), timeout=settings.connect_timeout_s * 3 + 10
@@ -104,13 +105,14 @@ class StoreSession:
         found = await self.store.contains_prefix_on_caller_loop(chunk_ids)
         if found is not None:
             return found
-        if self._lookups is None:
-            with self._lookups_lock:
-                if self._lookups is None:
-                    self._lookups = concurrent.futures.ThreadPoolExecutor(
-                        LOOKUP_THREADS, thread_name_prefix=f"{self.io.name}-lookup")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._lookups, self.contains_prefix, chunk_ids, timeout)
+        with self._lookups_lock:
+            if self._closed:
+                return 0  # (a closing engine's last lookups: misses, as the store answers)
+            if self._lookups is None:
+                self._lookups = concurrent.futures.ThreadPoolExecutor(
+                    LOOKUP_THREADS, thread_name_prefix=f"{self.io.name}-lookup")
+            pool = self._lookups
+        return await asyncio.get_running_loop().run_in_executor(pool, self.contains_prefix, chunk_ids, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the store and stop the loop; returns within about ``timeout`` seconds."""
@@ -120,8 +122,11 @@ class StoreSession:
             log.warning("lmcache-valkey: store did not close cleanly within %.1fs: %s", timeout, e)
         finally:
             self.io.stop()
-            if self._lookups is not None:
-                self._lookups.shutdown(wait=False, cancel_futures=True)
+            with self._lookups_lock:
+                self._closed = True
+                pool, self._lookups = self._lookups, None
+            if pool is not None:
+                pool.shutdown(wait=False)  # (queued lookups still run: a closed store answers them None/misses)
 
 
 __all__ = ["StoreSession", "namespace_for"]
