@@ -802,7 +802,7 @@ async def _done(value: int) -> int:
 
 
 _NEEDS_LOOP = object()  # a blocking lookup the transport cannot do off the loop
-_KEYS_REMEMBERED = 1 << 16  # lookup keys kept per store (~10 MB at most), then all forgotten
+_KEYS_REMEMBERED = 1 << 16  # lookup keys kept per store (~20-30 MB at most, with tiering), then all forgotten
 
 
 def _remembered(cache: dict[str, bytes], chunk_ids: Sequence[str], make: Callable[[Sequence[str]], list[bytes]]) -> list[bytes]:
