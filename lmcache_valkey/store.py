@@ -805,7 +805,8 @@ _NEEDS_LOOP = object()  # a blocking lookup the transport cannot do off the loop
 _KEYS_REMEMBERED = 1 << 16  # lookup keys kept per store (~20-30 MB at most, with tiering), then all forgotten
 
 
-def _remembered(cache: dict[str, bytes], chunk_ids: Sequence[str], make: Callable[[Sequence[str]], list[bytes]]) -> list[bytes]:
+def _remembered(cache: dict[str, bytes], chunk_ids: Sequence[str],
+                make: Callable[[Sequence[str]], list[bytes]]) -> list[bytes]:
     """The keys of ``chunk_ids``, the same bytes objects as the last lookup of those ids.
 
     An engine looks the same prefixes up again and again. A key object seen before carries
