@@ -265,6 +265,7 @@ def test_an_idle_lookup_connection_the_server_closed_is_not_a_miss(valkey_server
         assert session.store.contains_prefix_blocking(stored) == 6  # the lane's connection is idle now
         errors = lookup_errors()
         valkey_server.cmd("CLIENT", "KILL", "TYPE", "normal")  # (a restart, `timeout`, a failover)
+        time.sleep(0.5)  # "meanwhile": the pool's connections have seen the close by now
         assert session.contains_prefix(stored, 5) == 6
         assert session.store.contains_prefix_blocking(stored) == 6  # on a fresh connection
         assert lookup_errors() == errors
