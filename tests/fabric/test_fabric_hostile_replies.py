@@ -222,3 +222,19 @@ async def test_a_reply_nobody_asked_for_drops_the_connection() -> None:
             assert transport.stats["plain_connections"] == 2
         finally:
             await store.close()
+
+
+SHM_NAME_LIES = {
+    "no NUL": b"fi_shm://1:0:0",
+    "a control byte": b"fi_shm://\x01:0:0\x00",
+    "only NULs": b"\x00" * 19,
+    "NUL, then more name": b"fi_shm://1\x00:0:0\x00",
+    "300 bytes": b"fi_shm://" + b"9" * 290 + b"\x00",
+}
+
+
+@pytest.mark.parametrize("name", SHM_NAME_LIES.values(), ids=SHM_NAME_LIES.keys())
+def test_a_string_address_that_is_not_one_name_never_reaches_the_provider(name) -> None:
+    with FabricEndpoint("shm") as ep:
+        assert ep.peer_name_fault(name) is not None
+        assert ep.peer_name_fault(b"fi_shm://1:0:0\x00") is None  # shorter than ours, and fine

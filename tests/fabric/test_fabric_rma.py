@@ -88,3 +88,28 @@ def test_bulk_and_rma_see_the_same_values(start_server):
 
     run(body())
     assert srv.client().execute_command("BLOB.TCP_GET", b"rma") == value
+
+
+def test_a_server_whose_shm_address_is_shorter_than_ours_is_reached(start_server):
+    """shm names an endpoint "fi_shm://<pid>:<domain>:<endpoint>\\0": a server with fewer PID
+    digits than ours (a container's small PIDs), or a client that has opened ten endpoints
+    before, has a shorter address than ours. That is an address, not a lie."""
+    from lmcache_valkey.transport.fabric.endpoint import FabricEndpoint
+
+    for _ in range(10):  # our next endpoint's index has two digits; the server's has one
+        FabricEndpoint("shm").close()
+    srv = start_server("shm")
+
+    async def body():
+        async with FabricTransport("127.0.0.1", srv.port, provider="shm") as t:
+            arena = bytearray(2 * MiB)
+            t.register_buffer(arena)
+            mv = memoryview(arena)
+            mv[:MiB] = os.urandom(MiB)
+            await t.set_from(b"k", [mv[:MiB]], None, 10)
+            assert await t.get_into(b"k", [mv[MiB:]], 10) == MiB
+            assert mv[:MiB] == mv[MiB:]
+            return t.endpoint.name
+
+    ours = run(body())
+    assert len(ours) > len(b"fi_shm://%d:0:0\0" % srv.proc.pid), "the case did not arise"

@@ -44,6 +44,7 @@ uint64_t lmcv_ep_mr_mode(struct lmcv_ep *e);
 uint64_t lmcv_ep_max_msg(struct lmcv_ep *e);
 int lmcv_ep_delivery_complete(struct lmcv_ep *e);
 int lmcv_ep_waitable(struct lmcv_ep *e);
+int lmcv_ep_addr_is_str(struct lmcv_ep *e);
 int lmcv_ep_name(struct lmcv_ep *e, void *buf, size_t *len);
 int lmcv_ep_av_insert(struct lmcv_ep *e, const void *addr, uint64_t *out);
 int lmcv_mr_reg(struct lmcv_ep *e, void *addr, size_t len, int iface, int device, uint64_t requested_key,

@@ -132,6 +132,7 @@ static uint64_t lmcv_ep_mr_mode(struct lmcv_ep *e) { return (uint64_t)e->info->d
 static uint64_t lmcv_ep_max_msg(struct lmcv_ep *e) { return e->info->ep_attr->max_msg_size; }
 static int lmcv_ep_delivery_complete(struct lmcv_ep *e) { return (e->info->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0; }
 static int lmcv_ep_waitable(struct lmcv_ep *e) { return e->waitable; }
+static int lmcv_ep_addr_is_str(struct lmcv_ep *e) { return e->info->addr_format == FI_ADDR_STR; }
 
 static int lmcv_ep_name(struct lmcv_ep *e, void *buf, size_t *len) { return fi_getname(&e->ep->fid, buf, len); }
 

@@ -26,6 +26,8 @@ PROVIDERS = ("tcp;ofi_rxm", "sockets", "shm", "efa", "verbs;ofi_rxm")
 _PROGRESS_WAIT_MS = 100
 _POLL_MIN_US = 20
 _POLL_MAX_US = 1000
+# The longest string address accepted from a peer (the reference module keeps 256 bytes).
+MAX_STR_ADDR = 256
 
 
 class FabricError(TransportError):
@@ -72,6 +74,9 @@ class FabricEndpoint:
         self.max_msg_size = int(lib.lmcv_ep_max_msg(ep))
         self.delivery_complete = bool(lib.lmcv_ep_delivery_complete(ep))
         self.waitable = bool(lib.lmcv_ep_waitable(ep))
+        # FI_ADDR_STR (shm): addresses are names of varying length ("fi_shm://<pid>:..."),
+        # not fixed-size binary records.
+        self.addr_is_str = bool(lib.lmcv_ep_addr_is_str(ep))
         self.hmem = hmem
         buf, n = ffi.new("char[512]"), ffi.new("size_t *", 512)
         rc = lib.lmcv_ep_name(ep, buf, n)
@@ -161,6 +166,20 @@ class FabricEndpoint:
             return int(self._ffi.cast("uintptr_t", cdata)), len(cdata)
 
     # -- peers and initiator-side operations (benchmark, tests) ---------------------------
+
+    def peer_name_fault(self, name: bytes) -> str | None:
+        """Why a peer's address (from the wire) must not reach the provider, or None. The
+        provider reads an address of its own format's shape: a binary one our name's length,
+        a string one up to its NUL."""
+        if self.addr_is_str:
+            text = name.rstrip(b"\0")
+            printable = bool(text) and all(0x20 <= c < 0x7F for c in text)
+            if not printable or len(text) == len(name) or len(name) > MAX_STR_ADDR:
+                return f"a fabric address of {len(name)} bytes that is not one NUL-terminated printable name"
+            return None
+        if len(name) < len(self.name):
+            return f"a fabric address of {len(name)} bytes (ours: {len(self.name)})"
+        return None
 
     def add_peer(self, name: bytes) -> int:
         with self._lock:

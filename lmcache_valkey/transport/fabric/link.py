@@ -228,10 +228,10 @@ class FabricLink:
 
     def _add_peers(self, servers: list[bytes]) -> None:
         for name in servers:
-            # The provider reads an address of its own format's length: a shorter one from a
-            # server would be read past its end.
-            if len(name) < len(self.endpoint.name):
-                raise ProtocolError(f"a server fabric address of {len(name)} bytes (ours: {len(self.endpoint.name)})")
+            # The provider would read an address of the wrong shape past its end.
+            fault = self.endpoint.peer_name_fault(name)
+            if fault is not None:
+                raise ProtocolError(f"the server sent {fault}")
             # Lets the provider reach the server too (EFA, shm); harmless for tcp.
             self.endpoint.add_peer(name)
 
