@@ -204,7 +204,7 @@ class ChunkStore:
         do this one there (then use a thread, or the store's loop)."""
         if not chunk_ids:
             return 0
-        if self._loop is None or self._closed or _running_loop() is self._loop:
+        if not self._may_look_up_here():
             return None
         started = time.perf_counter()
         keys = self._lookup_keys(chunk_ids)
@@ -258,7 +258,7 @@ class ChunkStore:
 
     def _exists_any_tier_blocking(self, chunk_ids: Sequence[str]) -> Any:
         """:meth:`_exists_any_tier` on the calling thread, or ``_NEEDS_LOOP``."""
-        if self._loop is None or self._closed or _running_loop() is self._loop:
+        if not self._may_look_up_here():
             return _NEEDS_LOOP
         keys = self._lookup_keys(chunk_ids)
         try:
@@ -268,6 +268,10 @@ class ChunkStore:
         if found is None:
             return _NEEDS_LOOP
         return self._any_tier(keys, len(chunk_ids), found)
+
+    def _may_look_up_here(self) -> bool:
+        """A lookup may skip the store's loop: it runs, and this is not its thread."""
+        return self._loop is not None and not self._closed and _running_loop() is not self._loop
 
     def _lookup_failed(self, n: int, e: BaseException) -> None:
         metrics.record_error("lookup", _cause(e))

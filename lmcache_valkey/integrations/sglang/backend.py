@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
@@ -113,10 +113,16 @@ class ValkeyHiCacheStorage(HiCacheStorage):
         if self._closed:
             coro.close()
             return default
+        return self._guarded(getattr(coro, "__name__", "call"), lambda: self._session.run_sync(coro, timeout), default)
+
+    def _guarded(self, what: str, call: Callable[[], Any], default: Any) -> Any:
+        """``call()``, or ``default`` once closed or if it raised."""
+        if self._closed:
+            return default
         try:
-            return self._session.run_sync(coro, timeout)
+            return call()
         except Exception as e:  # the store answers misses itself; this is a wedged loop or a bug
-            log.warning("lmcache-valkey SGLang backend: %s did not complete: %r", getattr(coro, "__name__", "call"), e)
+            log.warning("lmcache-valkey SGLang backend: %s did not complete: %r", what, e)
             return default
 
     @property
@@ -144,13 +150,8 @@ class ValkeyHiCacheStorage(HiCacheStorage):
             return 0
         store = self._store
         ids = [store.namespace.chunk_id(k) for k in keys]
-        if self._closed:
-            return 0
-        try:  # on this thread where the transport can (no hop to the loop and back)
-            return self._session.contains_prefix(ids, self._lookup_timeout, store)
-        except Exception as e:  # the store answers misses itself; this is a wedged loop or a bug
-            log.warning("lmcache-valkey SGLang backend: lookup did not complete: %r", e)
-            return 0
+        # On this thread where the transport can (no hop to the loop and back).
+        return self._guarded("lookup", lambda: self._session.contains_prefix(ids, self._lookup_timeout, store), 0)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1

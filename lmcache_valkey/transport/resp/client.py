@@ -102,6 +102,16 @@ def _exists_pipeline(keys: Sequence[bytes]) -> bytes:
     return b"".join([b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys])
 
 
+def _lane_requests(plan: "_LookupPlan") -> list[tuple[Node, bytes, int]]:
+    """One EXISTS pipeline per node of ``plan``, for the blocking lane."""
+    return [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts]
+
+
+def _lane_found(plan: "_LookupPlan", runs: Any) -> list[bool] | None:
+    """The lane's answer, or None where anything but plain 0/1 came back (the loop's path decides)."""
+    return None if runs is None or plan.odd(runs) else list(map(bool, plan.found(runs)))
+
+
 REFRESH_MIN_INTERVAL_S = 1.0
 
 
@@ -552,8 +562,7 @@ class RespClient:
         plan = self._lane_plan(keys)
         if plan is None:
             return None
-        runs = self._blocking.exists([(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts], timeout)
-        return None if runs is None or plan.odd(runs) else list(map(bool, plan.found(runs)))
+        return _lane_found(plan, self._blocking.exists(_lane_requests(plan), timeout))
 
     async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
         """:meth:`exists_many` awaited on the caller's own event loop, over the blocking
@@ -565,9 +574,7 @@ class RespClient:
         plan = self._lane_plan(keys)
         if plan is None:
             return None
-        runs = await self._blocking.exists_on_caller_loop(
-            [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts], timeout)
-        return None if runs is None or plan.odd(runs) else list(map(bool, plan.found(runs)))
+        return _lane_found(plan, await self._blocking.exists_on_caller_loop(_lane_requests(plan), timeout))
 
     def _lane_plan(self, keys: Sequence[bytes]) -> "_LookupPlan | None":
         """The plan of a lookup off the loop's thread, or None (then the loop's path)."""
