@@ -779,30 +779,42 @@ _MISSES_REPORTED = 4  # chunks a lookup reports missing to the tier manager (the
 # worker threads, concurrently, so a batch's checks overlap each other and the event loop
 # keeps serving other I/O. Below the threshold a thread hop costs more than the check.
 _CRC_THREAD_MIN = 256 << 10
+_CRC_THREADS = min(8, os.cpu_count() or 2)
 _crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 async def _payload_crcs(payloads: Sequence[Sequence[memoryview]]) -> list[int]:
-    """CRC32C of each payload (its parts chained). Large ones go to worker threads when
-    there are several: a batch of checks runs in parallel off the loop."""
+    """CRC32C of each payload (its parts chained). With several large ones, the batch is
+    split into one run of consecutive payloads per worker thread: the checks run in
+    parallel off the loop, and the loop is woken once per worker, not once per chunk (each
+    wake-up is a system call and a loop turn)."""
     global _crc_pool
     sizes = [codec.parts_nbytes(p) for p in payloads]
     large = sum(n >= _CRC_THREAD_MIN for n in sizes)
     if large < 2:  # nothing to overlap: skip the thread hop
         return [codec.crc32c_parts(p) for p in payloads]
     if _crc_pool is None:
-        _crc_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(8, os.cpu_count() or 2), thread_name_prefix="lmcv-crc"
-        )
+        _crc_pool = concurrent.futures.ThreadPoolExecutor(max_workers=_CRC_THREADS, thread_name_prefix="lmcv-crc")
     loop = asyncio.get_running_loop()
-    return list(await asyncio.gather(*(
-        loop.run_in_executor(_crc_pool, codec.crc32c_parts, p) if n >= _CRC_THREAD_MIN else _done(codec.crc32c_parts(p))
-        for p, n in zip(payloads, sizes)
-    )))
+    runs = _even_runs(sizes, min(_CRC_THREADS, large))
+    done = await asyncio.gather(*(loop.run_in_executor(_crc_pool, _crcs_of, payloads[a:b]) for a, b in runs))
+    return [crc for part in done for crc in part]
 
 
-async def _done(value: int) -> int:
-    return value
+def _crcs_of(payloads: Sequence[Sequence[memoryview]]) -> list[int]:
+    return [codec.crc32c_parts(p) for p in payloads]
+
+
+def _even_runs(sizes: Sequence[int], n: int) -> list[tuple[int, int]]:
+    """``n`` (or fewer) consecutive runs of ``sizes``, each about an n-th of the bytes."""
+    total, runs, start, acc = sum(sizes), [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc * n >= total * (len(runs) + 1) and len(runs) < n - 1:
+            runs.append((start, i + 1))
+            start = i + 1
+    runs.append((start, len(sizes)))
+    return [r for r in runs if r[0] < r[1]]
 
 
 _NEEDS_LOOP = object()  # a blocking lookup the transport cannot do off the loop

@@ -1,0 +1,43 @@
+"""The put and get paths checksum a batch of payloads on worker threads, one run of
+consecutive payloads per thread: every payload's CRC comes back, in order, whatever the mix
+of sizes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import google_crc32c
+import pytest
+
+from lmcache_valkey import store
+from lmcache_valkey.store import _even_runs, _payload_crcs
+
+KiB = 1 << 10
+
+
+@pytest.mark.parametrize("sizes,n", [
+    ([4] * 32, 2), ([4] * 3, 2), ([1, 100, 1], 2), ([5, 5], 8), ([1] * 5, 3), ([7], 4), ([0, 0, 9], 2),
+])
+def test_runs_cover_every_payload_once_in_order(sizes, n) -> None:
+    runs = _even_runs(sizes, n)
+    assert 1 <= len(runs) <= n
+    assert [i for a, b in runs for i in range(a, b)] == list(range(len(sizes)))
+
+
+def test_runs_share_the_bytes_evenly() -> None:
+    runs = _even_runs([4 << 20] * 32, 4)
+    assert [b - a for a, b in runs] == [8, 8, 8, 8]
+
+
+def test_every_payload_gets_its_own_crc_in_order() -> None:
+    rng = random.Random(3)
+    sizes = [rng.choice([0, 1, 5 * KiB, store._CRC_THREAD_MIN, 600 * KiB, 2 << 20]) for _ in range(40)]
+    payloads = []
+    for n in sizes:  # some payloads in two parts, as a chunk with a separate header arrives
+        data = os.urandom(n)
+        cut = rng.randrange(n + 1)
+        payloads.append((memoryview(data[:cut]), memoryview(data[cut:])))
+    want = [google_crc32c.value(bytes(a) + bytes(b)) for a, b in payloads]
+    assert asyncio.run(_payload_crcs(payloads)) == want
