@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
 from .config import Settings
@@ -112,7 +113,21 @@ class StoreSession:
                 self._lookups = concurrent.futures.ThreadPoolExecutor(
                     LOOKUP_THREADS, thread_name_prefix=f"{self.io.name}-lookup")
             pool = self._lookups
-        return await asyncio.get_running_loop().run_in_executor(pool, self.contains_prefix, chunk_ids, timeout)
+        # Bounded from the call, not from when a thread is free: lookups queued behind a
+        # paused server's would each wait for the ones before them.
+        deadline = time.monotonic() + timeout
+
+        def look_up() -> int | None:
+            left = deadline - time.monotonic()
+            return None if left <= 0 else self.contains_prefix(chunk_ids, left)
+
+        try:
+            found = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, look_up), timeout)
+        except asyncio.TimeoutError:
+            found = None  # (a queued lookup is dropped; a running one finishes within its deadline)
+        if found is None:
+            return self.store.lookup_abandoned(len(chunk_ids), timeout)
+        return found
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the store and stop the loop; returns within about ``timeout`` seconds."""

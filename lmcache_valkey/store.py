@@ -269,6 +269,12 @@ class ChunkStore:
             return _NEEDS_LOOP
         return self._any_tier(keys, len(chunk_ids), found)
 
+    def lookup_abandoned(self, n: int, timeout: float) -> int:
+        """A lookup of ``n`` chunks its caller stopped waiting for after ``timeout``: a
+        counted deadline miss."""
+        self._lookup_failed(n, DeadlineExceeded(f"no answer within {timeout:g}s"))
+        return 0
+
     def _may_look_up_here(self) -> bool:
         """A lookup may skip the store's loop: it runs, and this is not its thread."""
         return self._loop is not None and not self._closed and _running_loop() is not self._loop

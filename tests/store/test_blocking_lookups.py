@@ -5,6 +5,7 @@ server makes it a counted miss within its deadline, never a wrong hit."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ from lmcache_valkey import metrics
 from lmcache_valkey.acl import worker_line
 from lmcache_valkey.codec import ChunkMeta
 from lmcache_valkey.config import Settings, settings_from_mapping
+from lmcache_valkey.errors import DeadlineExceeded
 from lmcache_valkey.keys import make_namespace
 from lmcache_valkey.session import StoreSession
 from lmcache_valkey.store import ChunkRef
@@ -286,3 +288,121 @@ def test_a_cluster_lookup_that_finds_one_node_busy_keeps_no_other_nodes_connecti
         for c in held:
             lane._give_back(c) if c.sock is not None else lane._drop(c)
         assert session.store.contains_prefix_blocking(stored) == 60  # the other nodes' are still free
+
+
+def test_a_server_named_by_host_name_is_reached_where_the_pool_resolved_it(valkey_server, monkeypatch) -> None:
+    """The lane never resolves a name itself (``getaddrinfo`` keeps no deadline): it connects
+    where the loop's pool reached the server."""
+    url = f"valkey://localhost:{valkey_server.port}"
+    with opened(valkey_server.settings(url=url, transport="tcp")) as session:
+        stored = ids("named", 4)
+        put(session, stored[:3])
+
+        def no_resolving(*args: Any, **kw: Any) -> Any:
+            raise AssertionError(f"getaddrinfo{args} on a lookup")
+
+        monkeypatch.setattr("socket.getaddrinfo", no_resolving)
+        release = threading.Event()
+
+        async def wedge() -> None:
+            release.wait(30)
+
+        wedged = session.io.submit(wedge())  # only the lane can answer now
+        try:
+            assert session.store.contains_prefix_blocking(stored) == 3
+        finally:
+            release.set()
+            wedged.result(10)
+
+
+def test_a_host_name_the_pool_has_not_resolved_yet_takes_the_loops_path() -> None:
+    from lmcache_valkey.config import Node
+    from lmcache_valkey.transport.resp.blocking import BlockingLookups
+
+    lane = BlockingLookups(settings_from_mapping({"url": "valkey://valkey.invalid:6379", "cluster": "no"}, env={}), None)
+    node = Node("valkey.invalid", 6379)
+    assert lane.exists([(node, b"*2\r\n$6\r\nEXISTS\r\n$1\r\nk\r\n", 1)], 5.0) is None
+    assert lane._open.get(node, 0) == 0  # its place is free again
+
+
+class DribblingProxy:
+    """Forwards to ``port``, the server's bytes a few at a time: a TLS handshake through it
+    takes many seconds although no single read waits long."""
+
+    def __init__(self, port: int, piece: int = 64, pause_s: float = 0.2) -> None:
+        import socket
+
+        self.target, self.piece, self.pause_s = port, piece, pause_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list[Any] = [self.listener]
+        self.stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self.stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, 1 << 16, 0.0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, self.piece, self.pause_s), daemon=True).start()
+
+    def _pump(self, src: Any, dst: Any, piece: int, pause_s: float) -> None:
+        try:
+            while not self.stop.is_set():
+                data = src.recv(piece)
+                if not data:
+                    return
+                dst.sendall(data)
+                time.sleep(pause_s)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.stop.set()
+        for s in self.socks:
+            s.close()
+
+
+def test_a_tls_handshake_that_dribbles_costs_one_deadline(valkey_tls_server) -> None:
+    from lmcache_valkey.config import Node
+    from lmcache_valkey.transport.resp.blocking import BlockingLookups
+    from lmcache_valkey.transport.resp.connection import make_ssl_context
+
+    proxy = DribblingProxy(valkey_tls_server.port)
+    try:
+        settings = valkey_tls_server.settings(url=f"valkeys://127.0.0.1:{proxy.port}", tls_server_name="localhost")
+        lane = BlockingLookups(settings, make_ssl_context(settings.tls))
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            lane.exists([(Node("127.0.0.1", proxy.port), b"*2\r\n$6\r\nEXISTS\r\n$1\r\nk\r\n", 1)], 0.5)
+        # (no single read waits long, but the handshake takes seconds through the proxy)
+        assert time.monotonic() - started < 5
+    finally:
+        proxy.close()
+
+
+async def test_over_tls_lookups_queued_behind_a_paused_server_each_cost_one_deadline(valkey_tls_server) -> None:
+    """With no lane on the engine's loop (TLS), lookups wait for a lookup thread; sixteen at
+    once against a paused server must not wait for each other's deadlines (eight rounds of
+    two threads)."""
+    with opened(valkey_tls_server.settings(transport="tcp", lookup_timeout_s=0.5)) as session:
+        stored = ids("queued", 2)
+        put(session, stored)
+        before = lookup_errors("deadline")
+        os.kill(valkey_tls_server.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            found = await asyncio.gather(*(session.contains_prefix_async(stored, 0.6) for _ in range(16)))
+            took = time.monotonic() - started
+        finally:
+            os.kill(valkey_tls_server.pid, signal.SIGCONT)
+        assert found == [0] * 16
+        assert took < 2.5, f"{took:.1f}s: queued lookups waited for the ones before them"
+        assert lookup_errors("deadline") >= before + 16
+        assert await session.contains_prefix_async(stored, 5) == 2  # and afterwards, answers again

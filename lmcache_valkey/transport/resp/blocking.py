@@ -20,11 +20,12 @@ Never call it from an event loop's thread: it blocks for up to the deadline.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import ssl
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ...config import Node, Settings
 from ...timeouts import timeout as time_limit
@@ -96,6 +97,10 @@ def _lookup_error(e: BaseException, timeout: float) -> BaseException:
     return ConnectionLost(f"lookup: {type(e).__name__}: {e}")  # (e.g. a host name IDNA refuses)
 
 
+class _NoAddress(Exception):
+    """A host name the loop's pool has not resolved yet: that lookup takes the loop."""
+
+
 def _left(deadline: float, node: Node) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -107,9 +112,11 @@ class BlockingLookups:
     """A few blocking connections per node for EXISTS pipelines on the caller's thread."""
 
     def __init__(self, settings: Settings, ssl_context: ssl.SSLContext | None,
-                 per_node: int = CONNECTIONS_PER_NODE) -> None:
+                 per_node: int = CONNECTIONS_PER_NODE,
+                 address_of: Callable[[Node], tuple[int, Any] | None] = lambda node: None) -> None:
         self.settings = settings
         self._ssl = ssl_context
+        self._address_of = address_of
         self._per_node = per_node
         self._lock = threading.Lock()
         self._idle: dict[Node, list[_Conn]] = {}
@@ -136,6 +143,10 @@ class BlockingLookups:
                 c.send(data, deadline)
             for c in conns:
                 c.receive(1, deadline)
+        except _NoAddress:
+            for c in conns:
+                self._drop(c)
+            return None
         except BaseException as e:
             for c in conns:
                 self._drop(c)
@@ -264,6 +275,18 @@ class BlockingLookups:
             self._open[c.node] -= 1
         c.close()
 
+    def _address(self, node: Node) -> tuple[int, Any]:
+        """Where to connect: an IP literal as it is; a host name where the loop's pool last
+        reached it. Never a name resolution here: ``getaddrinfo`` keeps no deadline."""
+        try:
+            ip = ipaddress.ip_address(node.host)
+        except ValueError:
+            known = self._address_of(node)
+            if known is None:
+                raise _NoAddress() from None
+            return known
+        return (socket.AF_INET6 if ip.version == 6 else socket.AF_INET), (str(ip), node.port)
+
     def _connect(self, c: _Conn, deadline: float) -> None:
         """Connect, authenticate and select the database, like the pool's connections."""
         s, node = self.settings, c.node
@@ -275,10 +298,16 @@ class BlockingLookups:
                 sock.settimeout(_left(deadline, node))
                 sock.connect(node.path)
             else:
-                sock = socket.create_connection((node.host, node.port), timeout=_left(deadline, node))
+                family, addr = self._address(node)
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.settimeout(_left(deadline, node))
+                sock.connect(addr)
             _tune(sock)
             if self._ssl is not None:
                 name = (s.tls.server_name if s.tls and s.tls.server_name else node.host) or None
+                # The handshake keeps the socket's timeout as one deadline for all of it: what
+                # is left now, not what was left before the connect.
+                sock.settimeout(_left(deadline, node))
                 sock = self._ssl.wrap_socket(sock, server_hostname=name)
             c.sock = sock
             if s.password is not None:

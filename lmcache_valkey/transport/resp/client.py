@@ -205,7 +205,7 @@ class RespClient:
         self._refresh_task: asyncio.Task[None] | None = None
         self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
         self._control_bound = settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK
-        self._blocking = BlockingLookups(settings, self._ssl)
+        self._blocking = BlockingLookups(settings, self._ssl, address_of=self._resolved)
         self._started = False
         self._closed = False
 
@@ -214,6 +214,11 @@ class RespClient:
     @property
     def is_cluster(self) -> bool:
         return self._cluster
+
+    def _resolved(self, node: Node) -> tuple[int, Any] | None:
+        """Where the loop's pool last reached ``node`` (any thread: one dict read)."""
+        p = self._pools.get(node)
+        return None if p is None else p.address
 
     def _pool(self, node: Node) -> NodePool:
         p = self._pools.get(node)

@@ -20,6 +20,7 @@ that still has a reply pending is aborted before the exception propagates.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections import deque
@@ -60,6 +61,9 @@ class NodePool:
         self._last_error: TransportError | None = None
         self._closed = False
         self.connects = 0  # successful connects (stats / tests)
+        # (family, sockaddr) of the last TCP connection made: the blocking lookup lane
+        # connects there instead of resolving the host name itself (without a deadline).
+        self.address: tuple[int, Any] | None = None
 
     # --- stats ---------------------------------------------------------------
 
@@ -95,6 +99,9 @@ class NodePool:
         self._backoff = 0.0
         self._last_error = None
         self.connects += 1
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self.address = (sock.family, sock.getpeername())
         if self._closed:
             conn.close()
             raise ConnectionLost(f"pool for {self.node.name} is closed")
