@@ -91,7 +91,7 @@ class StoreSession:
         can (no hop to the loop and back), else on the loop, waiting at most ``timeout``.
         ``store``: a view of this session's store for another namespace."""
         store = self.store if store is None else store
-        found = store.contains_prefix_blocking(chunk_ids)
+        found = store.contains_prefix_blocking(chunk_ids, timeout)
         if found is None:
             found = self.io.run_sync(store.contains_prefix(chunk_ids), timeout)
         return found
@@ -103,7 +103,11 @@ class StoreSession:
         thread of this session does the blocking lookup (and opens them), and the store's
         loop answers what that thread cannot. If the caller gives up, a thread finishes
         within the lookup deadline and its answer is dropped: a lookup holds nothing."""
-        found = await self.store.contains_prefix_on_caller_loop(chunk_ids)
+        # Bounded from the call: from here, the lookup on this loop, then a wait for a free
+        # lookup thread (queued behind a paused server's lookups), then that thread's lookup
+        # all come out of ``timeout``.
+        deadline = time.monotonic() + timeout
+        found = await self.store.contains_prefix_on_caller_loop(chunk_ids, timeout)
         if found is not None:
             return found
         with self._lookups_lock:
@@ -113,21 +117,24 @@ class StoreSession:
                 self._lookups = concurrent.futures.ThreadPoolExecutor(
                     LOOKUP_THREADS, thread_name_prefix=f"{self.io.name}-lookup")
             pool = self._lookups
-        # Bounded from the call, not from when a thread is free: lookups queued behind a
-        # paused server's would each wait for the ones before them.
-        deadline = time.monotonic() + timeout
+        started = threading.Event()
 
-        def look_up() -> int | None:
+        def look_up() -> int:
+            started.set()
             left = deadline - time.monotonic()
-            return None if left <= 0 else self.contains_prefix(chunk_ids, left)
+            if left <= 0:
+                return self.store.lookup_abandoned(len(chunk_ids), timeout)
+            return self.contains_prefix(chunk_ids, left)
 
-        try:
-            found = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, look_up), timeout)
-        except asyncio.TimeoutError:
-            found = None  # (a queued lookup is dropped; a running one finishes within its deadline)
-        if found is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return self.store.lookup_abandoned(len(chunk_ids), timeout)
-        return found
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, look_up), left)
+        except asyncio.TimeoutError:
+            # Never started: it never will (cancelled in the queue), counted here. Started:
+            # its thread is within what was left of the deadline and counts its own failure.
+            return 0 if started.is_set() else self.store.lookup_abandoned(len(chunk_ids), timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the store and stop the loop; returns within about ``timeout`` seconds."""

@@ -186,22 +186,24 @@ class ChunkStore:
         found = await self._exists_any_tier(chunk_ids)
         return self._each_found(chunk_ids, found, started)
 
-    def contains_prefix_blocking(self, chunk_ids: Sequence[str]) -> int | None:
+    def contains_prefix_blocking(self, chunk_ids: Sequence[str], timeout: float | None = None) -> int | None:
         """:meth:`contains_prefix` on the calling thread, which waits for it anyway (an
         engine's synchronous lookup): the same answer, errors and metrics without a hop to
         the store's loop and back. ``None`` when the transport cannot answer this one
         without the loop, or when called on the loop itself (which must never block): then
-        run :meth:`contains_prefix` there (transport/resp/blocking.py says when)."""
+        run :meth:`contains_prefix` there (transport/resp/blocking.py says when).
+        ``timeout``: less than ``lookup_timeout_s`` where the caller has less left."""
         if not chunk_ids:
             return 0
         started = time.perf_counter()
-        found = self._exists_any_tier_blocking(chunk_ids)
+        found = self._exists_any_tier_blocking(chunk_ids, timeout)
         return None if found is _NEEDS_LOOP else self._prefix_found(chunk_ids, found, started)
 
-    async def contains_prefix_on_caller_loop(self, chunk_ids: Sequence[str]) -> int | None:
+    async def contains_prefix_on_caller_loop(self, chunk_ids: Sequence[str], timeout: float | None = None) -> int | None:
         """:meth:`contains_prefix` awaited on another event loop than the store's (an
         engine's own), without waking the store's loop: ``None`` when the transport cannot
-        do this one there (then use a thread, or the store's loop)."""
+        do this one there (then use a thread, or the store's loop). ``timeout``: as for
+        :meth:`contains_prefix_blocking`."""
         if not chunk_ids:
             return 0
         if not self._may_look_up_here():
@@ -209,7 +211,7 @@ class ChunkStore:
         started = time.perf_counter()
         keys = self._lookup_keys(chunk_ids)
         try:
-            found = await self.transport.exists_many_on_caller_loop(keys, timeout=self.settings.lookup_timeout_s)
+            found = await self.transport.exists_many_on_caller_loop(keys, timeout=self._lookup_timeout(timeout))
         except TransportError as e:
             return self._prefix_found(chunk_ids, self._lookup_failed(len(chunk_ids), e), started)
         if found is None:
@@ -256,18 +258,22 @@ class ChunkStore:
             return self._lookup_failed(len(chunk_ids), e)
         return self._any_tier(keys, len(chunk_ids), found)
 
-    def _exists_any_tier_blocking(self, chunk_ids: Sequence[str]) -> Any:
+    def _exists_any_tier_blocking(self, chunk_ids: Sequence[str], timeout: float | None = None) -> Any:
         """:meth:`_exists_any_tier` on the calling thread, or ``_NEEDS_LOOP``."""
         if not self._may_look_up_here():
             return _NEEDS_LOOP
         keys = self._lookup_keys(chunk_ids)
         try:
-            found = self.transport.exists_many_blocking(keys, timeout=self.settings.lookup_timeout_s)
+            found = self.transport.exists_many_blocking(keys, timeout=self._lookup_timeout(timeout))
         except TransportError as e:
             return self._lookup_failed(len(chunk_ids), e)
         if found is None:
             return _NEEDS_LOOP
         return self._any_tier(keys, len(chunk_ids), found)
+
+    def _lookup_timeout(self, timeout: float | None) -> float:
+        own = self.settings.lookup_timeout_s
+        return own if timeout is None else max(0.0, min(own, timeout))
 
     def lookup_abandoned(self, n: int, timeout: float) -> int:
         """A lookup of ``n`` chunks its caller stopped waiting for after ``timeout``: a
@@ -801,9 +807,18 @@ async def _payload_crcs(payloads: Sequence[Sequence[memoryview]]) -> list[int]:
         return [codec.crc32c_parts(p) for p in payloads]
     if _crc_pool is None:
         _crc_pool = concurrent.futures.ThreadPoolExecutor(max_workers=_CRC_THREADS, thread_name_prefix="lmcv-crc")
-    loop = asyncio.get_running_loop()
     runs = _even_runs(sizes, min(_CRC_THREADS, large))
-    done = await asyncio.gather(*(loop.run_in_executor(_crc_pool, _crcs_of, payloads[a:b]) for a, b in runs))
+    jobs = [_crc_pool.submit(_crcs_of, payloads[a:b]) for a, b in runs]
+    try:
+        done = await asyncio.gather(*map(asyncio.wrap_future, jobs))
+    except BaseException:
+        # Cancelled (or failed): the workers read the caller's buffers, which the caller may
+        # release as soon as we return. Queued runs never start; a running one is waited for
+        # (at most one run's checksum, milliseconds, on the loop's thread).
+        for job in jobs:
+            job.cancel()
+        concurrent.futures.wait(jobs)
+        raise
     return [crc for part in done for crc in part]
 
 

@@ -230,11 +230,15 @@ SHM_NAME_LIES = {
     "only NULs": b"\x00" * 19,
     "NUL, then more name": b"fi_shm://1\x00:0:0\x00",
     "300 bytes": b"fi_shm://" + b"9" * 290 + b"\x00",
+    "another scheme": b"fi_sockaddr_in://127.0.0.1:1\x00",
+    "a bare /dev/shm name": b"lmcv-victim\x00",
 }
 
 
 @pytest.mark.parametrize("name", SHM_NAME_LIES.values(), ids=SHM_NAME_LIES.keys())
 def test_a_string_address_that_is_not_one_name_never_reaches_the_provider(name) -> None:
     with FabricEndpoint("shm") as ep:
-        assert ep.peer_name_fault(name) is not None
-        assert ep.peer_name_fault(b"fi_shm://1:0:0\x00") is None  # shorter than ours, and fine
+        with pytest.raises(ValueError, match="fabric address"):
+            ep.peer_name(name)
+        assert ep.peer_name(b"fi_shm://1:0:0\x00") == b"fi_shm://1:0:0\x00"  # shorter than ours, and fine
+        assert ep.peer_name(b"fi_shm://1:0:0\x00\x00\x00") == b"fi_shm://1:0:0\x00"  # one peer, one entry

@@ -8,10 +8,9 @@ import asyncio
 import os
 import random
 
-import google_crc32c
 import pytest
 
-from lmcache_valkey import store
+from lmcache_valkey import codec, store
 from lmcache_valkey.store import _even_runs, _payload_crcs
 
 KiB = 1 << 10
@@ -39,5 +38,34 @@ def test_every_payload_gets_its_own_crc_in_order() -> None:
         data = os.urandom(n)
         cut = rng.randrange(n + 1)
         payloads.append((memoryview(data[:cut]), memoryview(data[cut:])))
-    want = [google_crc32c.value(bytes(a) + bytes(b)) for a, b in payloads]
+    want = [codec.crc32c(bytes(a) + bytes(b)) for a, b in payloads]  # each payload whole, on this thread
     assert asyncio.run(_payload_crcs(payloads)) == want
+
+
+def test_a_cancelled_batch_returns_only_once_no_worker_reads_its_buffers() -> None:
+    """The caller may release its buffers the moment the cancellation reaches it."""
+    payloads = [(memoryview(bytearray(8 << 20)),) for _ in range(16)]
+    reading = []
+    real = store._crcs_of
+
+    def watched(part):
+        reading.append(1)
+        try:
+            return real(part)
+        finally:
+            reading.pop()
+
+    async def cancel_midway() -> None:
+        task = asyncio.ensure_future(_payload_crcs(payloads))
+        while not reading:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not reading, "a worker still reads the caller's buffers"
+
+    store._crcs_of = watched  # (looked up by name at each submit)
+    try:
+        asyncio.run(cancel_midway())
+    finally:
+        store._crcs_of = real

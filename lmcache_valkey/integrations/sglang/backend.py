@@ -110,14 +110,15 @@ class ValkeyHiCacheStorage(HiCacheStorage):
     def _run(self, coro: Any, timeout: float, default: Any) -> Any:
         """Run a store call on the private loop; past ``timeout`` (or closed) the answer is
         ``default`` (misses, failures): SGLang recomputes rather than waits."""
-        if self._closed:
-            coro.close()
-            return default
-        return self._guarded(getattr(coro, "__name__", "call"), lambda: self._session.run_sync(coro, timeout), default)
+        return self._guarded(getattr(coro, "__name__", "call"), lambda: self._session.run_sync(coro, timeout), default,
+                             on_closed=coro.close)
 
-    def _guarded(self, what: str, call: Callable[[], Any], default: Any) -> Any:
-        """``call()``, or ``default`` once closed or if it raised."""
+    def _guarded(self, what: str, call: Callable[[], Any], default: Any,
+                 on_closed: Callable[[], Any] | None = None) -> Any:
+        """``call()``, or ``default`` once closed (after ``on_closed()``) or if it raised."""
         if self._closed:
+            if on_closed is not None:
+                on_closed()
             return default
         try:
             return call()

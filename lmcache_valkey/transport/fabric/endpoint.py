@@ -167,19 +167,23 @@ class FabricEndpoint:
 
     # -- peers and initiator-side operations (benchmark, tests) ---------------------------
 
-    def peer_name_fault(self, name: bytes) -> str | None:
-        """Why a peer's address (from the wire) must not reach the provider, or None. The
-        provider reads an address of its own format's shape: a binary one our name's length,
-        a string one up to its NUL."""
+    def peer_name(self, name: bytes) -> bytes:
+        """A peer's address (from the wire) as the provider may be handed it, or ValueError.
+        The provider reads an address of its own format's shape: a binary one our name's
+        length; a string one up to its NUL, so it must be one printable name of our scheme
+        ("fi_shm://..."), returned with exactly one NUL (one peer, one address-vector entry,
+        whatever padding the wire added)."""
         if self.addr_is_str:
             text = name.rstrip(b"\0")
+            scheme = self.name.split(b"://", 1)[0] + b"://"
             printable = bool(text) and all(0x20 <= c < 0x7F for c in text)
-            if not printable or len(text) == len(name) or len(name) > MAX_STR_ADDR:
-                return f"a fabric address of {len(name)} bytes that is not one NUL-terminated printable name"
-            return None
+            if not printable or len(text) == len(name) or len(name) > MAX_STR_ADDR or not text.startswith(scheme):
+                raise ValueError(f"a fabric address of {len(name)} bytes that is not one NUL-terminated "
+                                 f"printable {scheme.decode()} name")
+            return text + b"\0"
         if len(name) < len(self.name):
-            return f"a fabric address of {len(name)} bytes (ours: {len(self.name)})"
-        return None
+            raise ValueError(f"a fabric address of {len(name)} bytes (ours: {len(self.name)})")
+        return name
 
     def add_peer(self, name: bytes) -> int:
         with self._lock:

@@ -229,9 +229,10 @@ class FabricLink:
     def _add_peers(self, servers: list[bytes]) -> None:
         for name in servers:
             # The provider would read an address of the wrong shape past its end.
-            fault = self.endpoint.peer_name_fault(name)
-            if fault is not None:
-                raise ProtocolError(f"the server sent {fault}")
+            try:
+                name = self.endpoint.peer_name(name)
+            except ValueError as e:
+                raise ProtocolError(f"the server sent {e}") from None
             # Lets the provider reach the server too (EFA, shm); harmless for tcp.
             self.endpoint.add_peer(name)
 

@@ -143,9 +143,12 @@ class BlockingLookups:
                 c.send(data, deadline)
             for c in conns:
                 c.receive(1, deadline)
-        except _NoAddress:
+        except _NoAddress:  # (raised before anything was sent: the connected ones are clean)
             for c in conns:
-                self._drop(c)
+                if c.sock is None:
+                    self._drop(c)
+                else:
+                    self._give_back(c)
             return None
         except BaseException as e:
             for c in conns:

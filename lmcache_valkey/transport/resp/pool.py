@@ -99,14 +99,21 @@ class NodePool:
         self._backoff = 0.0
         self._last_error = None
         self.connects += 1
-        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            self.address = (sock.family, sock.getpeername())
+        self._note_address(conn)
         if self._closed:
             conn.close()
             raise ConnectionLost(f"pool for {self.node.name} is closed")
         self._all.add(conn)
         return conn
+
+    def _note_address(self, conn: Connection) -> None:
+        # (asyncio read the peer's name when the transport was made: a reset since then
+        # cannot raise here, as getpeername() would)
+        t = conn.transport
+        sock = t.get_extra_info("socket") if t is not None else None
+        peer = t.get_extra_info("peername") if t is not None else None
+        if sock is not None and peer and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self.address = (sock.family, peer)
 
     def _take_idle(self) -> Connection | None:
         while self._idle:
