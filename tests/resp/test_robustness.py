@@ -312,3 +312,39 @@ def test_callers_queued_behind_a_node_in_back_off_fail_fast():
     assert all(isinstance(r, TransportError) for r in results), results
     # Refused at once, or by the back-off: none of them sat waiting for its deadline.
     assert not any(isinstance(r, DeadlineExceeded) for r in results), results
+
+
+async def test_a_server_that_resets_every_connection_at_once_is_a_typed_error() -> None:
+    """Accept, then reset (SO_LINGER 0): whatever moment the reset lands in connecting, the
+    pool raises a TransportError (the store counts it), never a raw OSError."""
+    import socket
+    import struct
+
+    from lmcache_valkey.config import Node, settings_from_mapping
+    from lmcache_valkey.transport.resp.pool import NodePool
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = settings_from_mapping({"url": f"valkey://127.0.0.1:{port}", "cluster": "no",
+                                      "connect_timeout_s": 2}, env={})
+    seen: dict[str, int] = {}
+    try:
+        for _ in range(100):
+            pool = NodePool(Node("127.0.0.1", port), settings, None)
+            try:
+                conn = await pool.acquire()
+                pool.release(conn)
+                seen["connected"] = seen.get("connected", 0) + 1
+            except TransportError as e:
+                seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
+            finally:
+                await pool.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert set(seen) <= {"connected", "ConnectionLost", "DeadlineExceeded"}, seen
