@@ -126,11 +126,9 @@ class StoreSession:
                 return self.store.lookup_abandoned(len(chunk_ids), timeout)
             return self.contains_prefix(chunk_ids, left)
 
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return self.store.lookup_abandoned(len(chunk_ids), timeout)
-        try:
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, look_up), left)
+        try:  # (nothing left: wait_for gives up at once, and the count below or look_up's applies)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, look_up),
+                                          deadline - time.monotonic())
         except asyncio.TimeoutError:
             # Never started: it never will (cancelled in the queue), counted here. Started:
             # its thread is within what was left of the deadline and counts its own failure.

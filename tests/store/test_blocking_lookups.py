@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -20,11 +21,13 @@ from support.hostile import HostileServer
 from lmcache_valkey import metrics
 from lmcache_valkey.acl import worker_line
 from lmcache_valkey.codec import ChunkMeta
-from lmcache_valkey.config import Settings, settings_from_mapping
+from lmcache_valkey.config import Node, Settings, settings_from_mapping
 from lmcache_valkey.errors import DeadlineExceeded
 from lmcache_valkey.keys import make_namespace
 from lmcache_valkey.session import StoreSession
 from lmcache_valkey.store import ChunkRef
+from lmcache_valkey.transport.resp.blocking import BlockingLookups
+from lmcache_valkey.transport.resp.connection import make_ssl_context
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -316,8 +319,6 @@ def test_a_server_named_by_host_name_is_reached_where_the_pool_resolved_it(valke
 
 
 def test_a_host_name_the_pool_has_not_resolved_yet_takes_the_loops_path() -> None:
-    from lmcache_valkey.config import Node
-    from lmcache_valkey.transport.resp.blocking import BlockingLookups
 
     lane = BlockingLookups(settings_from_mapping({"url": "valkey://valkey.invalid:6379", "cluster": "no"}, env={}), None)
     node = Node("valkey.invalid", 6379)
@@ -330,8 +331,6 @@ class DribblingProxy:
     takes many seconds although no single read waits long."""
 
     def __init__(self, port: int, piece: int = 64, pause_s: float = 0.2) -> None:
-        import socket
-
         self.target, self.piece, self.pause_s = port, piece, pause_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -340,8 +339,6 @@ class DribblingProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
-
         while not self.stop.is_set():
             try:
                 client, _ = self.listener.accept()
@@ -370,9 +367,6 @@ class DribblingProxy:
 
 
 def test_a_tls_handshake_that_dribbles_costs_one_deadline(valkey_tls_server) -> None:
-    from lmcache_valkey.config import Node
-    from lmcache_valkey.transport.resp.blocking import BlockingLookups
-    from lmcache_valkey.transport.resp.connection import make_ssl_context
 
     proxy = DribblingProxy(valkey_tls_server.port)
     try:
