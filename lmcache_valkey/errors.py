@@ -33,9 +33,16 @@ class TransportError(LmcacheValkeyError):
 
 
 class ConnectionLost(TransportError):
-    """The connection broke (refused, reset, closed mid-reply)."""
+    """The connection broke (refused, reset, closed mid-reply).
+
+    ``unanswered``: the server closed or reset the connection before sending a single byte
+    of the round trip the request went out in (an idle connection the server, a proxy or a
+    NAT dropped at that very moment looks like this). The request may or may not have run;
+    one that is idempotent may be sent again.
+    """
 
     cause = "connection"
+    unanswered = False
 
 
 class DeadlineExceeded(TransportError, TimeoutError):

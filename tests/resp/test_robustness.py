@@ -348,3 +348,69 @@ async def test_a_server_that_resets_every_connection_at_once_is_a_typed_error() 
         server.close()
         await server.wait_closed()
     assert set(seen) <= {"connected", "ConnectionLost", "DeadlineExceeded"}, seen
+
+
+def _drop_our_connections(server) -> int:
+    """CLIENT KILL every other client, as a server's ``timeout``, a proxy or a NAT dropping
+    idle connections would; the client's loop has not run since, so its pool still holds
+    them as idle."""
+    import valkey
+
+    admin = valkey.Valkey(port=server.port)
+    try:
+        me = admin.client_id()
+        ids = [int(c["id"]) for c in admin.client_list() if int(c["id"]) != me]
+        for cid in ids:
+            admin.execute_command("CLIENT", "KILL", "ID", cid)
+        return len(ids)
+    finally:
+        admin.close()
+
+
+async def test_data_ops_on_connections_dropped_while_idle_are_sent_again(valkey_server) -> None:
+    """Each data op whose idle connection the server dropped before answering anything
+    succeeds (sent once more on a new connection) instead of failing as a lost connection."""
+    c = RespClient(valkey_server.settings(connections_per_node=2))
+    await c.start()
+    try:
+        value = os.urandom(MiB)
+        await c.set(b"k", [value], ttl_s=None, timeout=5)
+        ops = {
+            "get_into": lambda: c.get_into(b"k", [memoryview(bytearray(MiB))], timeout=5),
+            "get_many_into": lambda: c.get_many_into([(b"k", [memoryview(bytearray(MiB))])] * 3, timeout=5),
+            "set": lambda: c.set(b"k", [value], ttl_s=60, timeout=5),
+            "set_many": lambda: c.set_many([(b"k", [value]), (b"j", [value])], ttl_s=None, timeout=5),
+            "exists_many": lambda: c.exists_many([b"k", b"nope"] * 8, timeout=5),
+            "delete": lambda: c.delete([b"gone"], timeout=5),
+        }
+        for name, op in ops.items():
+            for _ in range(5):
+                await c.exists_many([b"k"], timeout=5)  # the pool holds a served, idle connection
+                assert _drop_our_connections(valkey_server) >= 1
+                try:
+                    out = await op()
+                except ConnectionLost as e:
+                    pytest.fail(f"{name}: {e!r} (unanswered: {e.unanswered})")
+                flat = out if isinstance(out, list) else [out]
+                assert not any(isinstance(r, BaseException) for r in flat), (name, out)
+        assert c.retried >= len(ops) * 5
+        buf = bytearray(MiB)
+        assert await c.get_into(b"k", [memoryview(buf)], timeout=5) == MiB and buf == value
+    finally:
+        await c.close()
+
+
+async def test_a_control_command_is_not_sent_twice_after_a_dropped_connection(valkey_server) -> None:
+    """INCR is not idempotent: its lost connection is the caller's error, never a second INCR."""
+    c = RespClient(valkey_server.settings(connections_per_node=1))
+    await c.start()
+    try:
+        assert await c.command("INCR", "counter", key=b"counter", timeout=5) == 1
+        _drop_our_connections(valkey_server)
+        with pytest.raises(ConnectionLost) as lost:
+            await c.command("INCR", "counter", key=b"counter", timeout=5)
+        assert lost.value.unanswered
+        assert await c.command("GET", "counter", key=b"counter", timeout=5) == b"1"
+        assert c.retried == 0
+    finally:
+        await c.close()

@@ -208,6 +208,7 @@ class RespClient:
         self._blocking = BlockingLookups(settings, self._ssl, address_of=self._resolved)
         self._started = False
         self._closed = False
+        self.retried = 0  # ops sent again after an unanswered ConnectionLost (see _run)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -367,74 +368,94 @@ class RespClient:
 
     # --- the batch engine -----------------------------------------------------------
 
-    async def _run(self, ops: list[Op], *, large: bool, timeout: float) -> list[Any]:
-        """Route, run, follow MOVED/ASK; results hold values or exception objects."""
+    async def _run(self, ops: list[Op], *, large: bool, timeout: float, idempotent: bool = False) -> list[Any]:
+        """Route, run, follow MOVED/ASK; results hold values or exception objects.
+
+        ``idempotent``: ops whose connection the server closed before answering anything of
+        their round trip (``ConnectionLost.unanswered``: typically an idle connection dropped
+        at that moment by the server's ``timeout``, a proxy or a NAT) are sent once more, on
+        another connection, within the same deadline.
+        """
         if self._closed:
             err = ConnectionLost("client is closed")
             return [err] * len(ops)
         results: list[Any] = [PENDING] * len(ops)
         try:
             async with deadline(timeout):
-                todo = ops
-                for attempt in range(MAX_REDIRECTS + 1):
-                    groups: dict[Node, list[Op]] = {}
-                    for op in todo:
-                        if op.node is None:
-                            op.node = self._route(op.key)
-                        groups.setdefault(op.node, []).append(op)
-                    try:
-                        await run_ops(groups, self._pool, results, large=large)
-                    except TransportError as e:  # the client was closed under us
-                        for i, r in enumerate(results):
-                            if r is PENDING:
-                                results[i] = e
-                        break
-                    if not self._cluster:
-                        break
-                    redo: list[Op] = []
-                    moved = tryagain = False
-                    for op in todo:
-                        r = results[op.index]
-                        if not isinstance(r, TransportError):
-                            op.asking = False
-                            continue
-                        if isinstance(r, ConnectionLost):
-                            moved = True  # a node may have failed over
-                            continue
-                        red = parse_redirect(r)
-                        if red is not None and attempt < MAX_REDIRECTS:
-                            kind, slot, node = red
-                            if not node.host and op.node is not None:  # "MOVED 12 :6380": same host
-                                node = Node(op.node.host, node.port)
-                            if node not in self._pools and len(self._pools) >= MAX_NODES:
-                                results[op.index] = ProtocolError(
-                                    f"redirected to {node.name}, past {MAX_NODES} known nodes")
-                                continue
-                            op.node, op.asking = node, kind == "ASK"
-                            if kind == "MOVED":
-                                self._map.set(slot, node)
-                                moved = True
+                await self._run_routed(ops, results, large)
+                if idempotent:
+                    again = [op for op in ops if type(r := results[op.index]) is ConnectionLost and r.unanswered]
+                    if again:
+                        self.retried += len(again)
+                        for op in again:
                             results[op.index] = PENDING
-                            redo.append(op)
-                        elif isinstance(r, TryAgain) and attempt < MAX_REDIRECTS:
                             op.asking = False
-                            op.node = None
-                            results[op.index] = PENDING
-                            redo.append(op)
-                            tryagain = True
-                    if moved:
-                        self._schedule_refresh()
-                    if not redo:
-                        break
-                    if tryagain:
-                        await asyncio.sleep(TRYAGAIN_SLEEP_S)
-                    todo = redo
+                            if self._cluster and op.key is not None:
+                                op.node = None  # the node may have failed over: route afresh
+                        await self._run_routed(again, results, large)
         except TimeoutError:
             pass
         for i, r in enumerate(results):
             if r is PENDING:
                 results[i] = DeadlineExceeded(f"deadline of {timeout:g}s passed")
         return results
+
+    async def _run_routed(self, ops: list[Op], results: list[Any], large: bool) -> None:
+        """One try of ``ops``, following MOVED/ASK/TRYAGAIN up to MAX_REDIRECTS times."""
+        todo = ops
+        for attempt in range(MAX_REDIRECTS + 1):
+            groups: dict[Node, list[Op]] = {}
+            for op in todo:
+                if op.node is None:
+                    op.node = self._route(op.key)
+                groups.setdefault(op.node, []).append(op)
+            try:
+                await run_ops(groups, self._pool, results, large=large)
+            except TransportError as e:  # the client was closed under us
+                for i, r in enumerate(results):
+                    if r is PENDING:
+                        results[i] = e
+                break
+            if not self._cluster:
+                break
+            redo: list[Op] = []
+            moved = tryagain = False
+            for op in todo:
+                r = results[op.index]
+                if not isinstance(r, TransportError):
+                    op.asking = False
+                    continue
+                if isinstance(r, ConnectionLost):
+                    moved = True  # a node may have failed over
+                    continue
+                red = parse_redirect(r)
+                if red is not None and attempt < MAX_REDIRECTS:
+                    kind, slot, node = red
+                    if not node.host and op.node is not None:  # "MOVED 12 :6380": same host
+                        node = Node(op.node.host, node.port)
+                    if node not in self._pools and len(self._pools) >= MAX_NODES:
+                        results[op.index] = ProtocolError(
+                            f"redirected to {node.name}, past {MAX_NODES} known nodes")
+                        continue
+                    op.node, op.asking = node, kind == "ASK"
+                    if kind == "MOVED":
+                        self._map.set(slot, node)
+                        moved = True
+                    results[op.index] = PENDING
+                    redo.append(op)
+                elif isinstance(r, TryAgain) and attempt < MAX_REDIRECTS:
+                    op.asking = False
+                    op.node = None
+                    results[op.index] = PENDING
+                    redo.append(op)
+                    tryagain = True
+            if moved:
+                self._schedule_refresh()
+            if not redo:
+                break
+            if tryagain:
+                await asyncio.sleep(TRYAGAIN_SLEEP_S)
+            todo = redo
 
     async def _node_call(self, node: Node, args: Sequence[Any], timeout: float) -> Any:
         op = Op(0, (encode_command(args),), None, bound=self._control_bound)
@@ -452,7 +473,7 @@ class RespClient:
         Bytes beyond the buffers' total capacity are dropped; a shorter value
         fills only the start. Raises TransportError (incl. DeadlineExceeded).
         """
-        (r,) = await self._run([_get_op(0, key, bufs, self.GET_VERB)], large=True, timeout=timeout)
+        (r,) = await self._run([_get_op(0, key, bufs, self.GET_VERB)], large=True, timeout=timeout, idempotent=True)
         return self._get_result(r, raise_=True)
 
     @staticmethod
@@ -470,7 +491,7 @@ class RespClient:
         self, items: Sequence[tuple[bytes, Sequence[memoryview]]], *, timeout: float
     ) -> list[int | None | TransportError]:
         ops = [_get_op(i, k, bufs, self.GET_VERB) for i, (k, bufs) in enumerate(items)]
-        return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
+        return [self._get_result(r) for r in await self._run(ops, large=True, timeout=timeout, idempotent=True)]
 
     # The store's transport contract (store.ChunkTransport): the client reads replies into
     # the caller's buffers itself, so a buffer is free once a call returned or raised, and
@@ -486,7 +507,8 @@ class RespClient:
         if not len(mv):
             return None
         args = (b"GETRANGE", key, start, start + len(mv) - 1)
-        (r,) = await self._run([Op(0, (encode_command(args),), [mv], key)], large=False, timeout=timeout)
+        (r,) = await self._run([Op(0, (encode_command(args),), [mv], key)], large=False, timeout=timeout,
+                               idempotent=True)
         n = self._get_result(r, raise_=True)
         return n or None
 
@@ -502,7 +524,8 @@ class RespClient:
         self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
     ) -> None:
         """SET ``key`` to the concatenation of ``parts`` (sent as separate buffers, never joined)."""
-        (r,) = await self._run([_set_op(0, key, parts, ttl_s, self.SET_VERB)], large=True, timeout=timeout)
+        (r,) = await self._run([_set_op(0, key, parts, ttl_s, self.SET_VERB)], large=True, timeout=timeout,
+                               idempotent=True)
         err = self._set_result(r)
         if err is not None:
             raise err
@@ -511,7 +534,7 @@ class RespClient:
         self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]:
         ops = [_set_op(i, k, parts, ttl_s, self.SET_VERB) for i, (k, parts) in enumerate(items)]
-        return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout)]
+        return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout, idempotent=True)]
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
         """Which keys exist: pipelined EXISTS, one write and one round trip per node.
@@ -531,7 +554,7 @@ class RespClient:
             op = Op(k, (_exists_pipeline(ks),), None)
             op.node, op.nreplies, op.flags = node, len(ks), True
             ops.append(op)
-        runs = await self._run(ops, large=False, timeout=timeout)
+        runs = await self._run(ops, large=False, timeout=timeout, idempotent=True)
         for run in runs:
             if isinstance(run, BaseException):
                 raise run
@@ -545,7 +568,7 @@ class RespClient:
             if redirected:  # slots moved under us: per key, following redirections
                 ops = [Op(j, (encode_command((b"EXISTS", keys[i])),), None, keys[i]) for j, i in enumerate(redirected)]
                 left = max(0.0, deadline - loop.time())
-                for i, v in zip(redirected, await self._run(ops, large=False, timeout=left)):
+                for i, v in zip(redirected, await self._run(ops, large=False, timeout=left, idempotent=True)):
                     odd[i] = v
             for v in odd.values():
                 if isinstance(v, BaseException):
@@ -606,7 +629,7 @@ class RespClient:
             groups = [list(keys)]
         ops = [Op(i, (encode_command((b"UNLINK", *g)),), None, g[0]) for i, g in enumerate(groups)]
         total = 0
-        for g, r in zip(groups, await self._run(ops, large=False, timeout=timeout)):
+        for g, r in zip(groups, await self._run(ops, large=False, timeout=timeout, idempotent=True)):
             if isinstance(r, BaseException):
                 raise r
             if type(r) is not int or not 0 <= r <= len(g):

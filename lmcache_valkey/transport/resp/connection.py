@@ -125,6 +125,8 @@ class Connection(asyncio.BufferedProtocol):
         self.closed: asyncio.Future[None] | None = None
         self.round_trips = 0  # requests sent while no reply was pending
         self.requests = 0
+        self.received = 0  # bytes read from the socket, ever
+        self._received_at_round = 0  # ... when the current round trip began
 
     # --- asyncio.BufferedProtocol -------------------------------------------
 
@@ -145,6 +147,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         parser = self.parser
+        self.received += nbytes
         try:
             parser.buffer_updated(nbytes)
             sock = self._sock
@@ -165,6 +168,7 @@ class Connection(asyncio.BufferedProtocol):
                     if not n:
                         return  # EOF: the transport sees it on its next read
                     budget -= n
+                    self.received += n
                     parser.buffer_updated(n)
             # Wake us only when a big piece of the payload is there — never more
             # than the payload still due, or the socket would never turn readable.
@@ -183,7 +187,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else " (closed by the server)"
-        self._fail_all(ConnectionLost(f"connection to {self.node.name} lost{why}"))
+        err = ConnectionLost(f"connection to {self.node.name} lost{why}")
+        err.unanswered = self.received == self._received_at_round
+        self._fail_all(err)
         if self.closed is not None and not self.closed.done():
             self.closed.set_result(None)
 
@@ -195,6 +201,13 @@ class Connection(asyncio.BufferedProtocol):
         self._pump()
 
     # --- requests ---------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Not broken, and not closing either: the transport closes at once on reading the
+        server's EOF, while ``connection_lost`` (which marks us broken) runs a loop turn later."""
+        t = self.transport
+        return not self.broken and t is not None and not t.is_closing()
 
     @property
     def busy(self) -> bool:
@@ -214,6 +227,7 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if not self._cbs:
             self.round_trips += 1
+            self._received_at_round = self.received
         self.requests += 1
         self.parser.push_sink(sink, bound)
         self._cbs.append(cb)
@@ -237,6 +251,7 @@ class Connection(asyncio.BufferedProtocol):
             return False
         if not self._cbs:
             self.round_trips += 1
+            self._received_at_round = self.received
         self.requests += n
         if flags:
             self.parser.push_flags(n)

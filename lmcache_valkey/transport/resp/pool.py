@@ -118,7 +118,7 @@ class NodePool:
     def _take_idle(self) -> Connection | None:
         while self._idle:
             c = self._idle.pop()
-            if not c.broken:
+            if c.usable:
                 return c
             self._forget(c)
         return None
@@ -308,7 +308,9 @@ class _Lane:
             else:
                 ok = c.send((), op.sink, self._cb(c, op), op.bound)
             if not ok:
-                self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed"))
+                err = ConnectionLost(f"connection to {c.node.name} is closed")
+                err.unanswered = True  # never sent
+                self.batch.finish(op.index, err)
         c.write(b"".join(chunks))
 
     def adopt(self, conn: Connection) -> None:
@@ -332,6 +334,7 @@ class _Lane:
                 self._let_go(conn)
             if q and not self.batch.stopped and not self.conns:
                 err = ConnectionLost(f"all connections to {conn.node.name} failed")
+                err.unanswered = True  # these ops were never sent
                 while q:
                     self.batch.finish(q.popleft().index, err)
             return
