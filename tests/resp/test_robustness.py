@@ -381,7 +381,6 @@ async def test_data_ops_on_connections_dropped_while_idle_are_sent_again(valkey_
             "set": lambda: c.set(b"k", [value], ttl_s=60, timeout=5),
             "set_many": lambda: c.set_many([(b"k", [value]), (b"j", [value])], ttl_s=None, timeout=5),
             "exists_many": lambda: c.exists_many([b"k", b"nope"] * 8, timeout=5),
-            "delete": lambda: c.delete([b"gone"], timeout=5),
         }
         for name, op in ops.items():
             for _ in range(5):
@@ -414,3 +413,65 @@ async def test_a_control_command_is_not_sent_twice_after_a_dropped_connection(va
         assert c.retried == 0
     finally:
         await c.close()
+
+
+class _ReplyEater:
+    """A TCP proxy in front of a real server that forwards the next request, lets the server
+    run it, then drops the connection without forwarding the reply (as a path that fails at
+    that instant would)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.armed = False
+
+    async def __aenter__(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection("127.0.0.1", self.port)
+        eat = False
+
+        async def replies() -> None:
+            while (d := await sr.read(1 << 16)) and not eat:
+                cw.write(d)
+                await cw.drain()
+
+        back = asyncio.ensure_future(replies())
+        try:
+            while d := await cr.read(1 << 16):
+                eat = eat or self.armed
+                sw.write(d)
+                await sw.drain()
+                if eat:
+                    self.armed = False
+                    await asyncio.sleep(0.05)  # the server runs it and answers; nobody forwards that
+                    cw.transport.abort()
+                    return
+        finally:
+            back.cancel()
+            sw.close()
+
+
+async def test_an_unlink_whose_reply_was_lost_is_an_error_never_a_count_of_zero(valkey_server) -> None:
+    """UNLINK ran, its reply was lost: sent again it would answer 0 and the caller would
+    believe the key never existed; so it is not sent again, and the caller sees the loss."""
+    from lmcache_valkey.config import settings_from_mapping
+
+    eater = _ReplyEater(valkey_server.port)
+    async with eater as port:
+        c = RespClient(settings_from_mapping({"url": f"valkey://127.0.0.1:{port}", "cluster": "no",
+                                              "connections_per_node": 1}, env={}))
+        await c.start()
+        try:
+            await c.set(b"k", [b"v"], ttl_s=None, timeout=5)
+            eater.armed = True
+            with pytest.raises(ConnectionLost):
+                await c.delete([b"k"], timeout=5)
+            assert c.retried == 0
+            assert await c.exists_many([b"k"], timeout=5) == [False]  # it did run
+        finally:
+            await c.close()

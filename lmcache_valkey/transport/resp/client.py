@@ -629,7 +629,8 @@ class RespClient:
             groups = [list(keys)]
         ops = [Op(i, (encode_command((b"UNLINK", *g)),), None, g[0]) for i, g in enumerate(groups)]
         total = 0
-        for g, r in zip(groups, await self._run(ops, large=False, timeout=timeout, idempotent=True)):
+        # (not sent again: an UNLINK that ran before its reply was lost would count 0 the second time)
+        for g, r in zip(groups, await self._run(ops, large=False, timeout=timeout)):
             if isinstance(r, BaseException):
                 raise r
             if type(r) is not int or not 0 <= r <= len(g):

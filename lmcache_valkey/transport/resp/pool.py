@@ -89,6 +89,7 @@ class NodePool:
         try:
             conn = await open_connection(self.node, self.settings, ssl_context=self._ssl)
         except TransportError as e:  # refused, timed out, or AUTH/SELECT rejected: back off alike
+            e.unanswered = False  # (a lost AUTH/SELECT): what waits on this connect is not sent again
             self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
             self._retry_at = time.monotonic() + self._backoff
             self._last_error = e
@@ -162,7 +163,7 @@ class NodePool:
         return None
 
     def release(self, conn: Connection) -> None:
-        if conn.broken or conn.busy or self._closed:
+        if not conn.usable or conn.busy or self._closed:
             if conn.busy:
                 conn.abort()
             elif not conn.broken:
