@@ -42,7 +42,10 @@ class ConnectionLost(TransportError):
     """
 
     cause = "connection"
-    unanswered = False
+
+    def __init__(self, *args: object, unanswered: bool = False) -> None:
+        super().__init__(*args)
+        self.unanswered = unanswered
 
 
 class DeadlineExceeded(TransportError, TimeoutError):

@@ -187,9 +187,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else " (closed by the server)"
-        err = ConnectionLost(f"connection to {self.node.name} lost{why}")
-        err.unanswered = self.received == self._received_at_round
-        self._fail_all(err)
+        self._fail_all(ConnectionLost(f"connection to {self.node.name} lost{why}",
+                                      unanswered=self.received == self._received_at_round))
         if self.closed is not None and not self.closed.done():
             self.closed.set_result(None)
 

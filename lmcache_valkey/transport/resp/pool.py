@@ -309,9 +309,8 @@ class _Lane:
             else:
                 ok = c.send((), op.sink, self._cb(c, op), op.bound)
             if not ok:
-                err = ConnectionLost(f"connection to {c.node.name} is closed")
-                err.unanswered = True  # never sent
-                self.batch.finish(op.index, err)
+                self.batch.finish(op.index, ConnectionLost(f"connection to {c.node.name} is closed",
+                                                           unanswered=True))  # never sent
         c.write(b"".join(chunks))
 
     def adopt(self, conn: Connection) -> None:
@@ -334,8 +333,7 @@ class _Lane:
             if not conn.busy:
                 self._let_go(conn)
             if q and not self.batch.stopped and not self.conns:
-                err = ConnectionLost(f"all connections to {conn.node.name} failed")
-                err.unanswered = True  # these ops were never sent
+                err = ConnectionLost(f"all connections to {conn.node.name} failed", unanswered=True)  # never sent
                 while q:
                     self.batch.finish(q.popleft().index, err)
             return
