@@ -20,7 +20,9 @@ straight into preallocated buffers) and a memcpy roof are measured on the same s
 same run. Every operation runs under a watchdog: a connector that hangs is reported as such,
 not waited for.
 
-Besides GB/s (best of ``repeat``), each transfer reports the CPU it cost: this process's CPU
+Connectors run interleaved, round by round (the order rotated each round), and the ratios
+printed first are *paired*: per round, an anchor's time over ours, the median over the rounds.
+Besides GB/s (best and median of ``repeat``), each transfer reports the CPU it cost: this process's CPU
 seconds (every thread: LMCache's loop, the connector's own threads, our I/O loop and CRC
 workers) per GB moved, and the Valkey server's, summed over all repeats. Lookups report the
 median latency and client CPU microseconds per 1,000 keys. On a shared machine CPU per byte
@@ -143,13 +145,47 @@ class Cost:
                 f"{name}_server_cpu_s_per_GB": self.server_cpu / gb}
 
 
+TRANSFER_OPS = ("batched_put", "batched_get", "single_get")
+
+
+def _connector_ops(stack: Any, keys: list[Any], objs: list[Any], want: bytes) -> dict[str, Callable[[], None]]:
+    def batched_put() -> None:
+        stack.put_and_wait(keys, objs)
+
+    def batched_get() -> None:
+        got = stack.remote.batched_get_blocking(keys)
+        ok = all(g is not None for g in got) and bytes(got[0].byte_array) == want
+        for g in got:
+            if g is not None:
+                g.ref_count_down()
+        if not ok:
+            raise AssertionError("batched get missed or returned wrong bytes")
+
+    def single_get() -> None:
+        for k in keys:
+            g = stack.remote.get_blocking(k)
+            if g is None:
+                raise AssertionError("single get missed")
+            g.ref_count_down()
+
+    return {"batched_put": batched_put, "batched_get": batched_get, "single_get": single_get}
+
+
 def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) -> dict[str, dict[str, Any]]:
+    """Every connector (and the raw ceiling) side by side, *interleaved*: each round runs one
+    operation once per connector, in an order rotated from round to round, so a slow spell of
+    a shared machine hits all of them alike. Besides each one's best and median GB/s, the
+    row of ours holds the *paired* ratios: per round, an anchor's time over ours, the median
+    of those over the rounds (``{op}_paired_vs_{anchor}``, above 1: we are faster); run after
+    run these move far less than ratios of bests taken minutes apart."""
     out: dict[str, dict[str, Any]] = {}
     nbytes = layout.chunk_bytes * n
     pid = server.pid
     cpu_gb = max(0.25, 3 * nbytes / 1e9)
-    for name, spec in connectors(server.port).items():
-        server.cmd("FLUSHALL")
+    server.cmd("FLUSHALL")
+    live: dict[str, dict[str, Callable[[], None]]] = {}
+    stacks: list[tuple[str, Any, list[Any]]] = []
+    for c, (name, spec) in enumerate(connectors(server.port).items()):
         row: dict[str, Any] = {}
         out[name] = row
         try:
@@ -160,60 +196,68 @@ def bench_transfer(server: ValkeyServer, layout: Layout, n: int, repeat: int) ->
         if stack.remote.connection is None:
             row["error"] = "connector failed to start (see log)"
             continue
-        keys = [layout.key(10_000 + i) for i in range(n)]
-        objs = [fill(stack, i) for i in range(n)]
-        want = [bytes(o.byte_array) for o in objs]
+        keys = [layout.key(10_000 + 1_000 * c + i) for i in range(n)]  # each connector its own keys
+        objs = [fill(stack, 1_000 * c + i) for i in range(n)]
+        stacks.append((name, stack, objs))
+        ops = _connector_ops(stack, keys, objs, bytes(objs[0].byte_array))
         try:
-            # One unmeasured round first: the server's first writes of a run fault in fresh
-            # pages, which the allocator keeps after FLUSHALL for the connectors that follow;
-            # without it whichever connector runs first pays for them.
-            guarded(lambda: stack.put_and_wait(keys, objs))
-            row.update(Cost(repeat, lambda: guarded(lambda: stack.put_and_wait(keys, objs)), pid).row("batched_put", nbytes))
-
-            def batched_get() -> None:
-                got = stack.remote.batched_get_blocking(keys)
-                ok = all(g is not None for g in got) and bytes(got[0].byte_array) == want[0]
-                for g in got:
-                    if g is not None:
-                        g.ref_count_down()
-                if not ok:
-                    raise AssertionError("batched get missed or returned wrong bytes")
-
-            row.update(Cost(repeat, lambda: guarded(batched_get), pid).row("batched_get", nbytes))
-
-            def single_gets() -> None:
-                for k in keys:
-                    g = stack.remote.get_blocking(k)
-                    if g is None:
-                        raise AssertionError("single get missed")
-                    g.ref_count_down()
-
-            row.update(Cost(repeat, lambda: guarded(single_gets), pid).row("single_get", nbytes))
+            # One unmeasured round first: the server's first writes fault in fresh pages.
+            guarded(ops["batched_put"])
+            live[name] = ops
         except (Hung, AssertionError, TimeoutError) as e:
             row["error"] = str(e)
-        finally:
+    # The ceiling: the same bytes, one plain socket, recv_into preallocated buffers.
+    raw = Raw(server.port)
+    rkeys = [b"raw:%d" % i for i in range(n)]
+    src = [os.urandom(layout.chunk_bytes) for _ in range(n)]
+    bufs = [memoryview(bytearray(layout.chunk_bytes)) for _ in range(n)]
+    raw.set_all(rkeys, src)
+    out[RAW] = {}
+    live[RAW] = {"batched_put": lambda: raw.set_all(rkeys, src), "batched_get": lambda: raw.get_all(rkeys, bufs)}
+    try:
+        for op in TRANSFER_OPS:
+            runs = [name for name, ops in live.items() if op in ops]
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            cpu = dict.fromkeys(runs, 0.0)
+            srv = dict.fromkeys(runs, 0.0)
+            for r in range(repeat):
+                for name in runs[r % len(runs):] + runs[: r % len(runs)]:
+                    if name not in live:  # failed in an earlier round
+                        continue
+                    c0, s0, t = time.process_time(), server_cpu(pid), time.perf_counter()
+                    try:
+                        guarded(live[name][op])
+                    except (Hung, AssertionError, TimeoutError) as e:
+                        out[name]["error"] = f"{op}: {e}"
+                        del live[name]
+                        continue
+                    times[name].append(time.perf_counter() - t)
+                    cpu[name] += time.process_time() - c0
+                    srv[name] += server_cpu(pid) - s0
+            gb = nbytes / 1e9
+            for name in runs:
+                ts = times[name]
+                if len(ts) < repeat:
+                    continue
+                out[name].update({f"{op}_GBps": gb / min(ts), f"{op}_median_GBps": gb / statistics.median(ts),
+                                  f"{op}_cpu_s_per_GB": cpu[name] / (gb * len(ts)),
+                                  f"{op}_server_cpu_s_per_GB": srv[name] / (gb * len(ts))})
+            if OURS in runs and len(times[OURS]) == repeat:
+                for a, k in ANCHORS:
+                    if k in times and len(times[k]) == repeat:
+                        out[OURS][f"{op}_paired_vs_{a}"] = statistics.median(
+                            theirs / ours for theirs, ours in zip(times[k], times[OURS]))
+        out["memcpy roof"] = Cost(repeat, lambda: [b.__setitem__(slice(None), s) for b, s in zip(bufs, src)],
+                                  None).row("batched_get", nbytes)
+    finally:
+        raw.close()
+        for name, stack, objs in stacks:
             for o in objs:
                 o.ref_count_down()
             try:
                 guarded(stack.close, 10)
             except Hung:
-                row["close"] = "close() did not return"
-    # The ceiling: the same bytes, one plain socket, recv_into preallocated buffers.
-    server.cmd("FLUSHALL")
-    raw = Raw(server.port)
-    try:
-        rkeys = [b"raw:%d" % i for i in range(n)]
-        src = [os.urandom(layout.chunk_bytes) for _ in range(n)]
-        raw.set_all(rkeys, src)
-        bufs = [memoryview(bytearray(layout.chunk_bytes)) for _ in range(n)]
-        out[RAW] = {
-            **Cost(repeat, lambda: raw.set_all(rkeys, src), pid).row("batched_put", nbytes),
-            **Cost(repeat, lambda: raw.get_all(rkeys, bufs), pid).row("batched_get", nbytes),
-        }
-        out["memcpy roof"] = Cost(repeat, lambda: [b.__setitem__(slice(None), s) for b, s in zip(bufs, src)],
-                                  None).row("batched_get", nbytes)
-    finally:
-        raw.close()
+                out[name]["close"] = "close() did not return"
     return out
 
 
@@ -288,26 +332,32 @@ ANCHORS = (("resp", "resp resp://"), ("glide", "glide valkey://"), ("redis-py", 
 
 
 def print_transfer(res: dict[str, dict[str, Any]]) -> None:
-    ops = ("batched_put", "batched_get", "single_get")
-    print(f"  {'':<36}" + "".join(f"{op:>31}" for op in ops))
-    print(f"  {'':<36}" + "".join(f"{'GB/s  CPU-s/GB  server':>31}" for _ in ops))
+    ops = TRANSFER_OPS
+    print(f"  {'':<36}" + "".join(f"{op:>37}" for op in ops))
+    print(f"  {'':<36}" + "".join(f"{'GB/s best median  CPU-s/GB  server':>37}" for _ in ops))
     for name, row in res.items():
         cells = ""
         for op in ops:
             g = row.get(f"{op}_GBps")
+            m = row.get(f"{op}_median_GBps")
             c = row.get(f"{op}_cpu_s_per_GB")
             sv = row.get(f"{op}_server_cpu_s_per_GB")
             cells += f"{g:14.2f}" if g is not None else f"{'-':>14}"
+            cells += f"{m:6.2f}" if m is not None else f"{'':>6}"
             cells += f"{c:9.3f}" if c is not None and name != "memcpy roof" else f"{'':>9}"
             cells += f"{sv:8.3f}" if sv is not None and name != "memcpy roof" else f"{'':>8}"
         print(f"  {name:<36}{cells}  {row.get('error', '')}{row.get('close', '')}", flush=True)
     ours = res[OURS]
     for op in ops:
-        speed = "  ".join(f"vs {a} {ratio(ours.get(f'{op}_GBps'), res.get(k, {}).get(f'{op}_GBps'))}" for a, k in ANCHORS)
+        # paired: the median over the interleaved rounds of their time / ours (above 1: faster)
+        paired = "  ".join(f"vs {a} {ours[f'{op}_paired_vs_{a}']:.2f}x" for a, _ in ANCHORS
+                           if f"{op}_paired_vs_{a}" in ours)
+        best = "  ".join(f"vs {a} {ratio(ours.get(f'{op}_GBps'), res.get(k, {}).get(f'{op}_GBps'))}" for a, k in ANCHORS)
         # CPU: the anchor's CPU per GB over ours (above 1: we spend less per byte)
         cpu = "  ".join(f"{a} {ratio(res.get(k, {}).get(f'{op}_cpu_s_per_GB'), ours.get(f'{op}_cpu_s_per_GB'))}"
                         for a, k in ANCHORS)
-        print(f"  ratio {op:<12} GB/s {speed}")
+        print(f"  ratio {op:<12} paired {paired}")
+        print(f"  {'':<18} best-of GB/s {best}")
         print(f"  {'':<18} CPU/GB saved (theirs/ours): {cpu}")
 
 
@@ -334,7 +384,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer chunks and repeats")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    repeat = 2 if args.quick else 4
+    repeat = 3 if args.quick else 7
     results: dict[str, Any] = {}
     sizes = (512, 64)
     with ValkeyServer(args=["--io-threads", "1"]) as server:

@@ -4,7 +4,7 @@
 
 One connector (``lmcache-valkey`` by default; any name ``bench_lmcache.py`` lists) puts the
 same batch (32 x 4 MiB, or 8 x 32 MiB with ``--chunk-tokens 256``) ``--rounds`` times into a
-fresh Valkey 9.1.2 (``--io-threads 1``), and prints the best round's GB/s and the client's and
+fresh Valkey 9.1.2 (``--io-threads 1``), and prints the best and the median round's GB/s and the client's and
 the server's CPU seconds per GB over all rounds. More rounds than ``bench_lmcache.py`` runs, of
 one operation: the figure to compare before and after a change to the put path (interleave the
 runs; profile it with ``py-spy record -p PID`` or ``perf record -g -p PID`` once it prints
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -46,13 +47,14 @@ def main() -> None:
         objs = [bench.fill(stack, i) for i in range(n)]
         stack.put_and_wait(keys, objs)  # the server's first writes fault pages in: not measured
         print(f"ready (pid {os.getpid()})", flush=True)
-        c0, s0, best = time.process_time(), bench.server_cpu(server.pid), float("inf")
+        c0, s0, times = time.process_time(), bench.server_cpu(server.pid), []
         for _ in range(args.rounds):
             t = time.perf_counter()
             stack.put_and_wait(keys, objs)
-            best = min(best, time.perf_counter() - t)
+            times.append(time.perf_counter() - t)
         gb = layout.chunk_bytes * n / 1e9
-        print(f"{args.connector}: {n} x {layout.chunk_bytes >> 20} MiB, best {gb / best:.2f} GB/s, client "
+        print(f"{args.connector}: {n} x {layout.chunk_bytes >> 20} MiB, best {gb / min(times):.2f} GB/s, median "
+              f"{gb / statistics.median(times):.2f} GB/s, client "
               f"{(time.process_time() - c0) / (gb * args.rounds):.3f} CPU-s/GB, server "
               f"{(bench.server_cpu(server.pid) - s0) / (gb * args.rounds):.3f} CPU-s/GB", flush=True)
         # LMCache's connectors do not always return from close(): the figures are out, stop
