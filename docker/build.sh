@@ -16,7 +16,7 @@
 set -euo pipefail
 
 BUILD_DEPS=(python3 python3-venv build-essential libfabric-dev ca-certificates)
-RUNTIME_DEPS=(python3 ca-certificates)
+RUNTIME_DEPS=(python3 ca-certificates libisal2)
 VALKEY_DEPS=(libfabric1)
 
 log() { printf '[image] %s\n' "$*" >&2; }

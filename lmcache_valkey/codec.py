@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-import crc32c as _crc32c
 import msgpack
 
+from .checksum import crc32c
 from .errors import CorruptChunk
 
 MAGIC = b"LMCV"
@@ -48,11 +48,6 @@ _FIXED = struct.Struct("<4sHHQIIQ16s16sH")
 _CRC_OFFSET = 20
 _META_MAX = HEADER_SIZE - _FIXED.size
 _KEY_STRING_MAX = 256
-
-
-def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
-    """CRC32C (Castagnoli), hardware-accelerated; reads writable buffers in place."""
-    return _crc32c.crc32c(data, value)
 
 
 # A chunk's payload: one buffer, or a list/tuple of buffers whose concatenation, in order,
@@ -98,7 +93,7 @@ def scatter(value: bytes | bytearray | memoryview, parts: Sequence[memoryview]) 
 def crc32c_parts(parts: Sequence[memoryview], value: int = 0) -> int:
     """CRC32C of the concatenation of ``parts`` (chained, nothing joined)."""
     for p in parts:
-        value = _crc32c.crc32c(p, value)
+        value = crc32c(p, value)
     return value
 
 

@@ -65,6 +65,7 @@ class Doctor:
                 self.add(name, SKIP, "not reachable")
             await self._guard(self._secret)
         await self._guard(self._fabric)
+        await self._guard(self._checksum)
         if connected:
             await self._guard(self._transport)
         await self._guard(self._tiering)
@@ -318,6 +319,19 @@ class Doctor:
                      "pick an offered provider in fabric_provider (see `fi_info -l`), or set transport: tcp")
             return
         self.add("fabric", OK, f"libfabric {version}: provider {opened} opens")
+
+    async def _checksum(self) -> None:
+        from . import checksum
+
+        if checksum.IMPLEMENTATION == "isal":
+            self.add("checksum", OK, "CRC32C of payloads by ISA-L (libisal.so.2)")
+        elif checksum.ISAL_MISSING is None:
+            self.add("checksum", OK, "CRC32C of payloads by the crc32c package (LMCACHE_VALKEY_CRC32C=crc32c)")
+        else:
+            self.add("checksum", WARN,
+                     f"CRC32C of payloads by the crc32c package: {checksum.ISAL_MISSING}; "
+                     "each put and get then spends about twice the CPU on its checksum",
+                     "install ISA-L (Debian/Ubuntu: apt-get install libisal2)")
 
     async def _transport(self) -> None:
         """The transport the plugin will pick here, in which dialect, over which provider,

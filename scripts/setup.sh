@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-APT_PACKAGES=(build-essential pkg-config libfabric-dev libfabric-bin redis-server fio prometheus prometheus-redis-exporter openssl)
+APT_PACKAGES=(build-essential pkg-config libfabric-dev libfabric-bin libisal2 redis-server fio prometheus prometheus-redis-exporter openssl)
 BACKPORTS_PACKAGES=(valkey-server valkey-tools)
 
 have_all() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || return 1; done; }

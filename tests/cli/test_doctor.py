@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,9 +15,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
 
 
-def doctor(*args: str) -> tuple[int, dict[str, dict]]:
+def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:
     p = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "doctor", "--json", *args],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120,
+                       env=None if env is None else {**os.environ, **env})
     if p.returncode == 2:
         return 2, {"usage": {"status": "fail", "detail": p.stderr}}
     checks = {c["name"]: c for c in json.loads(p.stdout)}
@@ -31,6 +33,13 @@ def test_healthy_server_passes(valkey_server):
     assert checks["connect"]["status"] == "ok"
     assert "Valkey 9.1" in checks["server"]["detail"]
     assert checks["memory"]["status"] == "ok" and checks["acl"]["status"] == "ok"
+    assert checks["checksum"]["status"] == "ok" and "ISA-L" in checks["checksum"]["detail"]
+
+
+def test_names_the_checksum_library_a_process_was_told_to_use(valkey_server):
+    code, checks = doctor("--url", valkey_server.url, "--transport", "tcp", env={"LMCACHE_VALKEY_CRC32C": "crc32c"})
+    assert code == 0 and checks["checksum"]["status"] == "ok"
+    assert "crc32c package" in checks["checksum"]["detail"]
 
 
 def test_unbounded_memory_is_a_warning_not_a_failure(valkey_server):

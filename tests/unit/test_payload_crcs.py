@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 
 import pytest
 
@@ -44,28 +45,36 @@ def test_every_payload_gets_its_own_crc_in_order() -> None:
 
 def test_a_cancelled_batch_returns_only_once_no_worker_reads_its_buffers() -> None:
     """The caller may release its buffers the moment the cancellation reaches it."""
-    payloads = [(memoryview(bytearray(8 << 20)),) for _ in range(16)]
+    payloads = [(memoryview(bytearray(1 << 20)),) for _ in range(16)]
     reading = []
+    started, release = threading.Event(), threading.Event()
     real = store._crcs_of
 
-    def watched(part):
+    def held(part):
+        # each run is held until the cancellation is on its way, so the test does not
+        # depend on how fast a checksum is (ISA-L finishes a whole batch in milliseconds)
         reading.append(1)
         try:
+            started.set()
+            assert release.wait(30), "the test never released the worker"
             return real(part)
         finally:
             reading.pop()
 
     async def cancel_midway() -> None:
         task = asyncio.ensure_future(_payload_crcs(payloads))
-        while not reading:
-            await asyncio.sleep(0)
+        while not started.is_set():
+            await asyncio.sleep(0.001)
         task.cancel()
+        # the worker goes on reading for a while after the cancellation
+        threading.Timer(0.05, release.set).start()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not reading, "a worker still reads the caller's buffers"
+        assert release.is_set() and not reading, "a worker still reads the caller's buffers"
 
-    store._crcs_of = watched  # (looked up by name at each submit)
+    store._crcs_of = held  # (looked up by name at each submit)
     try:
         asyncio.run(cancel_midway())
     finally:
+        release.set()
         store._crcs_of = real

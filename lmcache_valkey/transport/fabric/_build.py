@@ -57,7 +57,6 @@ ssize_t lmcv_ep_read(struct lmcv_ep *e, void *buf, size_t len, void *desc, uint6
 ssize_t lmcv_ep_wait(struct lmcv_ep *e, int timeout_ms, void **ctxs, int *errs, int max);
 int lmcv_ep_signal(struct lmcv_ep *e);
 const char *lmcv_strerror(int err);
-uint32_t lmcv_crc32c(uint32_t crc, const void *buf, size_t len);
 
 #define FI_MR_LOCAL ...
 #define FI_MR_VIRT_ADDR ...

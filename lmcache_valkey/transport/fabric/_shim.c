@@ -213,31 +213,3 @@ static int lmcv_ep_signal(struct lmcv_ep *e) { return e->waitable ? fi_cq_signal
 
 static const char *lmcv_strerror(int err) { return fi_strerror(err < 0 ? -err : err); }
 
-/* CRC32C of registered memory, to check a GET reply's crc32c without copying the value
- * into a bytes object (google_crc32c only takes read-only buffers). */
-static uint32_t lmcv_crc_table[256];
-static void lmcv_crc_init(void) {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        lmcv_crc_table[n] = c;
-    }
-}
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t lmcv_crc_hw(uint32_t crc, const unsigned char *p, size_t len) {
-    uint64_t c = crc;
-    while (len >= 8) { uint64_t w; memcpy(&w, p, 8); c = __builtin_ia32_crc32di(c, w); p += 8; len -= 8; }
-    while (len--) c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
-    return (uint32_t)c;
-}
-#endif
-static uint32_t lmcv_crc32c(uint32_t crc, const void *buf, size_t len) {
-    const unsigned char *p = buf;
-    crc = ~crc;
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("sse4.2")) return ~lmcv_crc_hw(crc, p, len);
-#endif
-    if (!lmcv_crc_table[1]) lmcv_crc_init();
-    while (len--) crc = (crc >> 8) ^ lmcv_crc_table[(crc ^ *p++) & 0xff];
-    return ~crc;
-}

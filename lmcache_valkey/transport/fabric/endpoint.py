@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lmcache_valkey.codec import clip_parts, crc32c_parts
 from lmcache_valkey.errors import FabricUnavailable, TransportError
 
 from .binding import load
@@ -249,16 +250,9 @@ class FabricEndpoint:
                         log.exception("fabric completion callback failed")
 
     def crc32c(self, views: list[memoryview], length: int) -> int:
-        """CRC32C of the first ``length`` bytes across ``views`` (GIL released)."""
-        crc = 0
-        for v in views:
-            if length <= 0:
-                break
-            n = min(len(v), length)
-            with self._ffi.from_buffer(v) as cdata:
-                crc = int(self._lib.lmcv_crc32c(crc, cdata, n))
-            length -= n
-        return crc
+        """CRC32C of the first ``length`` bytes across ``views`` (GIL released): the payload
+        checksum of every transport (lmcache_valkey.checksum), over the views in place."""
+        return crc32c_parts(clip_parts(views, length))
 
     def strerror(self, rc: int) -> str:
         return self._ffi.string(self._lib.lmcv_strerror(rc)).decode()
