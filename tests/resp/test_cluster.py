@@ -9,9 +9,11 @@ import signal
 
 import pytest
 
+from lmcache_valkey.config import settings_from_mapping
 from lmcache_valkey.errors import ConnectionLost, ServerError
 from lmcache_valkey.transport.resp import RespClient
 from lmcache_valkey.transport.resp.cluster import hash_tag, key_slot
+from support.servers import ValkeyCluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -182,6 +184,47 @@ async def test_cluster_node_killed_mid_batch_then_rejoins(valkey_cluster) -> Non
         assert await c.get_into(k, [memoryview(buf)], timeout=5) == 4 and buf == b"back"
     finally:
         await c.close()
+
+
+
+def _clients_of(server) -> int:
+    """Client connections the server holds, besides the one asking."""
+    info = server.cmd("INFO", "clients").decode()
+    return int(info.split("connected_clients:")[1].split()[0]) - 1
+
+
+async def test_a_node_that_leaves_the_cluster_has_its_sockets_closed() -> None:
+    """A rolling restart or a failover replaces a node by one at a new address. Once the slot
+    map no longer names the old one, the client lets go of its connections (the batch pool's
+    and the lookup lane's) instead of holding them, and a slot of MAX_NODES, for life."""
+    one_slot_nodes = [(0, 16379), (16380, 16382), (16383, 16383)]
+    with ValkeyCluster(3, slots=one_slot_nodes) as cluster:
+        stays, leaving = cluster.servers[0], cluster.servers[1]
+        c = RespClient(settings_from_mapping({"url": f"valkey://{stays.host}:{stays.port}"}, env={}))
+        await c.start()
+        try:
+            keys = [k for k in (b"k:%d" % i for i in range(100_000)) if 16380 <= key_slot(k) <= 16382][:6]
+            assert await c.set_many([(k, [b"v"]) for k in keys], ttl_s=None, timeout=10) == [None] * 6
+            assert await asyncio.to_thread(c.exists_many_blocking, keys, timeout=5) == [True] * 6
+            assert _clients_of(leaving) >= 2  # the pool's connection and the lookup lane's
+
+            for slot in range(16380, 16383):  # its slots (and keys) move away: it serves nothing
+                cluster.migrate_slot(slot, stays)
+            await c.refresh_topology()
+            assert leaving.node not in c.primaries()
+            assert leaving.node not in c._pools
+            for _ in range(500):  # (the server notices the closed sockets a moment later)
+                if _clients_of(leaving) == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert _clients_of(leaving) == 0
+
+            # the keys moved with their slots: found where they are now, nothing reopened
+            assert await c.exists_many(keys, timeout=5) == [True] * 6
+            assert await asyncio.to_thread(c.exists_many_blocking, keys, timeout=5) == [True] * 6
+            assert _clients_of(leaving) == 0
+        finally:
+            await c.close()
 
 
 

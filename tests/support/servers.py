@@ -355,12 +355,17 @@ class ValkeyCluster:
     /usr/bin/valkey-server)."""
 
     def __init__(self, n: int = 3, *, binary: str | None = None, args: Sequence[str] = (),
-                 tls: TLSFiles | None = None) -> None:
+                 tls: TLSFiles | None = None, slots: Sequence[tuple[int, int]] | None = None) -> None:
         # The cluster bus always asks the connecting node for a certificate: the nodes
         # present the client one (the server one is for server authentication only).
         bus = ["--tls-cluster", "yes", "--tls-replication", "yes", "--tls-client-cert-file", tls.client_cert_file,
                "--tls-client-key-file", tls.client_key_file] if tls else []
         self.tls = tls
+        # (first, last) slot of each node; default: 16384 slots split evenly
+        bounds = [round(i * 16384 / n) for i in range(n + 1)]
+        self.slots = list(slots) if slots is not None else [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
+        if len(self.slots) != n:
+            raise ValueError(f"slots names {len(self.slots)} ranges for {n} nodes")
         self.servers = [ValkeyServer(binary=binary, cluster=True, tls=tls, args=[*bus, *args]) for _ in range(n)]
 
     @property
@@ -382,10 +387,8 @@ class ValkeyCluster:
         try:
             for s in self.servers:
                 s.start()
-            n = len(self.servers)
-            bounds = [round(i * 16384 / n) for i in range(n + 1)]
-            for i, s in enumerate(self.servers):
-                s.cmd("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+            for s, (first, last) in zip(self.servers, self.slots):
+                s.cmd("CLUSTER", "ADDSLOTSRANGE", first, last)
             first = self.servers[0]
             for s in self.servers[1:]:
                 first.cmd("CLUSTER", "MEET", s.host, s.port, s.cluster_port)

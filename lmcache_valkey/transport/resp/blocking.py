@@ -25,7 +25,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ...config import Node, Settings
 from ...timeouts import timeout as time_limit
@@ -123,6 +123,7 @@ class BlockingLookups:
         self._open: dict[Node, int] = {}  # connections per node, idle or in use
         self._busy: set[_Conn] = set()
         self._closed = False
+        self._keep: frozenset[Node] | None = None  # when set, connections to other nodes are let go
 
     def exists(self, parts: Sequence[tuple[Node, bytes, int]], timeout: float) -> list[FlagRun] | None:
         """Send each node its pipeline (``(node, commands, how many)``), then read every
@@ -231,6 +232,18 @@ class BlockingLookups:
                 except (OSError, ValueError):
                     pass
 
+    def keep_only(self, nodes: Iterable[Node]) -> None:
+        """The cluster now consists of ``nodes``: close the idle connections to any other
+        node now, and each one in use when it is handed back."""
+        keep = frozenset(nodes)
+        with self._lock:
+            self._keep = keep
+            gone = [c for node in list(self._idle) if node not in keep for c in self._idle.pop(node)]
+            for c in gone:
+                self._count_closed(c.node)
+        for c in gone:
+            c.close()
+
     # --- connections ---------------------------------------------------------------
 
     def _take_all(self, parts: Sequence[tuple[Node, bytes, int]], idle_only: bool = False) -> list[_Conn] | None:
@@ -266,17 +279,25 @@ class BlockingLookups:
     def _give_back(self, c: _Conn) -> None:
         with self._lock:
             self._busy.discard(c)
-            if not self._closed:
+            if not self._closed and (self._keep is None or c.node in self._keep):
                 self._idle.setdefault(c.node, []).append(c)
                 return
-            self._open[c.node] -= 1
+            self._count_closed(c.node)
         c.close()
 
     def _drop(self, c: _Conn) -> None:
         with self._lock:
             self._busy.discard(c)
-            self._open[c.node] -= 1
+            self._count_closed(c.node)
         c.close()
+
+    def _count_closed(self, node: Node) -> None:
+        """(under the lock) one connection to ``node`` fewer; a node with none is forgotten."""
+        left = self._open[node] - 1
+        if left:
+            self._open[node] = left
+        else:
+            del self._open[node]
 
     def _address(self, node: Node) -> tuple[int, Any]:
         """Where to connect: an IP literal as it is; a host name where the loop's pool last

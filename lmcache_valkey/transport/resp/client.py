@@ -359,7 +359,19 @@ class RespClient:
                 continue
             if ranges:
                 self._map.load(ranges)
+                self._prune()
                 return
+
+    def _prune(self) -> None:
+        """Let go of the nodes the slot map no longer names (seeds excepted): a node replaced
+        in a rolling restart or a failover comes back under a new address, and the old one's
+        pool and lookup sockets would otherwise stay open for the client's lifetime, and
+        count against MAX_NODES until redirections to new nodes were refused."""
+        keep = {*self._map.primaries, *self.settings.nodes}
+        for node in [n for n in self._pools if n not in keep]:
+            log.info("node %s left the cluster's slot map: its connections are closed", node.name)
+            self._pools.pop(node).retire()
+        self._blocking.keep_only(keep)
 
     async def refresh_topology(self) -> None:
         """Reload the slot map now (cluster only)."""

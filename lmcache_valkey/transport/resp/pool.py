@@ -212,6 +212,19 @@ class NodePool:
             conn = await self._open()
             self._idle.append(conn)
 
+    def retire(self) -> None:
+        """Its node left the cluster: close the idle connections now and each one in use
+        when its operation hands it back (operations in flight finish); nothing new starts."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+            self._forget(c)
+        while self._waiters:  # (each raises ConnectionLost: the pool is closed)
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
     async def close(self) -> None:
         """Abort every connection (idle and in use); never waits on the server."""
         self._closed = True
