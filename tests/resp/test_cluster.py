@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import signal
+import time
 
 import pytest
 
@@ -223,6 +224,95 @@ async def test_a_node_that_leaves_the_cluster_has_its_sockets_closed() -> None:
             assert await c.exists_many(keys, timeout=5) == [True] * 6
             assert await asyncio.to_thread(c.exists_many_blocking, keys, timeout=5) == [True] * 6
             assert _clients_of(leaving) == 0
+        finally:
+            await c.close()
+
+
+
+def _connections_received(server) -> int:
+    return int(server.cmd("INFO", "stats").decode().split("total_connections_received:")[1].split()[0])
+
+
+ONE_BIG_TWO_SMALL = [(0, 16379), (16380, 16382), (16383, 16383)]
+
+
+def _seeded_by(server, **kw) -> RespClient:
+    return RespClient(settings_from_mapping({"url": f"valkey://{server.host}:{server.port}", **kw}, env={}))
+
+
+async def test_operations_queued_on_a_departing_node_follow_it_to_the_new_owner() -> None:
+    with ValkeyCluster(3, slots=ONE_BIG_TWO_SMALL) as cluster:
+        stays, leaving = cluster.servers[0], cluster.servers[1]
+        c = _seeded_by(stays, connections_per_node="1")
+        await c.start()
+        try:
+            keys = [k for k in (b"k:%d" % i for i in range(100_000)) if 16380 <= key_slot(k) <= 16382][:3]
+            assert await c.set_many([(k, [b"v"]) for k in keys], ttl_s=None, timeout=10) == [None] * 3
+            pool = c._pools[leaving.node]
+            held = await pool.acquire()  # an operation in flight holds the node's one connection
+            lookup = asyncio.ensure_future(c.exists_many(keys, timeout=10))
+            buf = bytearray(1)
+            get = asyncio.ensure_future(c.get_into(keys[0], [memoryview(buf)], timeout=10))
+            await asyncio.sleep(0.1)  # (both queued behind it)
+            for slot in range(16380, 16383):
+                cluster.migrate_slot(slot, stays)
+            await c.refresh_topology()
+            pool.release(held)
+            assert await lookup == [True] * 3  # asked the old node, told MOVED, asked the new one
+            assert await get == 1 and buf == b"v"
+            assert pool.drained  # and then the old node's pool let go of its connection
+        finally:
+            await c.close()
+
+
+async def test_closing_the_client_stops_what_still_runs_on_a_departed_node() -> None:
+    with ValkeyCluster(3, slots=ONE_BIG_TWO_SMALL) as cluster:
+        stays, leaving = cluster.servers[0], cluster.servers[1]
+        c = _seeded_by(stays)
+        await c.start()
+        slow = asyncio.ensure_future(c._node_call(leaving.node, ("WAIT", "1", "20000"), 30))
+        for _ in range(5000):  # until it waits on the node (WAIT: no replica ever answers)
+            pool = c._pools.get(leaving.node)
+            if pool is not None and any(conn.busy for conn in pool._all):
+                break
+            await asyncio.sleep(0.001)
+        for slot in range(16380, 16383):
+            cluster.migrate_slot(slot, stays)
+        await c.refresh_topology()
+        assert leaving.node not in c._pools, c.primaries()
+        assert not slow.done(), slow
+        await c.close()
+        with pytest.raises(ConnectionLost):
+            await asyncio.wait_for(slow, 5)
+        for _ in range(500):
+            if _clients_of(leaving) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert _clients_of(leaving) == 0
+
+
+async def test_a_node_back_in_the_map_keeps_its_lookup_connection() -> None:
+    """A failover can look like a departure to one refresh and a return a moment later (the
+    next refresh is not due yet, a MOVED names the node): its lookups reuse one connection."""
+    # (a primary left with no slot would otherwise turn itself into a replica)
+    with ValkeyCluster(3, slots=ONE_BIG_TWO_SMALL, args=["--cluster-allow-replica-migration", "no"]) as cluster:
+        stays, back = cluster.servers[0], cluster.servers[2]
+        c = _seeded_by(stays)
+        await c.start()
+        try:
+            keys = [k for k in (b"k:%d" % i for i in range(100_000)) if key_slot(k) == 16383][:3]
+            assert await c.set_many([(k, [b"v"]) for k in keys], ttl_s=None, timeout=10) == [None] * 3
+            cluster.migrate_slot(16383, stays)
+            await c.refresh_topology()
+            cluster.migrate_slot(16383, back)
+            c._last_refresh = time.monotonic()  # (a refresh just ran: the MOVED's own is skipped)
+            assert await c.exists_many(keys, timeout=5) == [True] * 3
+            assert back.node in c.primaries()
+            before = _connections_received(back)
+            for _ in range(20):
+                assert await asyncio.to_thread(c.exists_many_blocking, keys, timeout=5) == [True] * 3
+            opened = _connections_received(back) - before - 1  # (not counting the one asking)
+            assert opened <= 1
         finally:
             await c.close()
 

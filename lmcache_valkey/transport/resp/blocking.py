@@ -123,7 +123,7 @@ class BlockingLookups:
         self._open: dict[Node, int] = {}  # connections per node, idle or in use
         self._busy: set[_Conn] = set()
         self._closed = False
-        self._keep: frozenset[Node] | None = None  # when set, connections to other nodes are let go
+        self._retired: set[Node] = set()  # nodes left behind, with connections still in use
 
     def exists(self, parts: Sequence[tuple[Node, bytes, int]], timeout: float) -> list[FlagRun] | None:
         """Send each node its pipeline (``(node, commands, how many)``), then read every
@@ -232,15 +232,16 @@ class BlockingLookups:
                 except (OSError, ValueError):
                     pass
 
-    def keep_only(self, nodes: Iterable[Node]) -> None:
+    def retire_all_but(self, nodes: Iterable[Node]) -> None:
         """The cluster now consists of ``nodes``: close the idle connections to any other
-        node now, and each one in use when it is handed back."""
-        keep = frozenset(nodes)
+        node now, and each one in use when it is handed back, unless a lookup is routed to
+        that node again meanwhile."""
+        keep = set(nodes)
         with self._lock:
-            self._keep = keep
             gone = [c for node in list(self._idle) if node not in keep for c in self._idle.pop(node)]
             for c in gone:
                 self._count_closed(c.node)
+            self._retired = {node for node in self._open if node not in keep}
         for c in gone:
             c.close()
 
@@ -265,6 +266,7 @@ class BlockingLookups:
         with self._lock:
             if self._closed:
                 return None
+            self._retired.discard(node)  # (routed here again: a node of the cluster)
             idle = self._idle.get(node)
             if idle:
                 c = idle.pop()
@@ -279,7 +281,7 @@ class BlockingLookups:
     def _give_back(self, c: _Conn) -> None:
         with self._lock:
             self._busy.discard(c)
-            if not self._closed and (self._keep is None or c.node in self._keep):
+            if not self._closed and c.node not in self._retired:
                 self._idle.setdefault(c.node, []).append(c)
                 return
             self._count_closed(c.node)
@@ -298,6 +300,7 @@ class BlockingLookups:
             self._open[node] = left
         else:
             del self._open[node]
+            self._retired.discard(node)
 
     def _address(self, node: Node) -> tuple[int, Any]:
         """Where to connect: an IP literal as it is; a host name where the loop's pool last

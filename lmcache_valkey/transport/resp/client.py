@@ -198,6 +198,7 @@ class RespClient:
         self.settings = settings
         self._ssl = make_ssl_context(settings.tls) if settings.tls is not None else None
         self._pools: dict[Node, NodePool] = {}
+        self._retiring: list[NodePool] = []  # pools of departed nodes, until drained (see _prune)
         self._cluster = False
         self._map = SlotMap()
         self._last_refresh = -REFRESH_MIN_INTERVAL_S
@@ -279,7 +280,8 @@ class RespClient:
         t, self._refresh_task = self._refresh_task, None
         if t is not None and not t.done():
             t.cancel()
-        pools, self._pools = list(self._pools.values()), {}
+        pools, self._pools = [*self._pools.values(), *self._retiring], {}
+        self._retiring = []
         for p in pools:
             await p.close()
 
@@ -368,10 +370,16 @@ class RespClient:
         pool and lookup sockets would otherwise stay open for the client's lifetime, and
         count against MAX_NODES until redirections to new nodes were refused."""
         keep = {*self._map.primaries, *self.settings.nodes}
+        for p in self._retiring:
+            p.retire()  # (again: closes what a waiter that gave up left idle)
+        self._retiring = [p for p in self._retiring if not p.drained]
         for node in [n for n in self._pools if n not in keep]:
             log.info("node %s left the cluster's slot map: its connections are closed", node.name)
-            self._pools.pop(node).retire()
-        self._blocking.keep_only(keep)
+            pool = self._pools.pop(node)
+            pool.retire()
+            if not pool.drained:
+                self._retiring.append(pool)  # (client.close() still aborts what runs there)
+        self._blocking.retire_all_but(keep)
 
     async def refresh_topology(self) -> None:
         """Reload the slot map now (cluster only)."""

@@ -60,6 +60,7 @@ class NodePool:
         self._retry_at = 0.0
         self._last_error: TransportError | None = None
         self._closed = False
+        self._retiring = False  # see retire()
         self.connects = 0  # successful connects (stats / tests)
         # (family, sockaddr) of the last TCP connection made: the blocking lookup lane
         # connects there instead of resolving the host name itself (without a deadline).
@@ -182,6 +183,10 @@ class NodePool:
                 if not lane.hungry or len(lane.conns) >= self.size:
                     hungry.popleft()
                 return
+            if self._retiring:  # nobody needs it any more
+                conn.close()
+                self._forget(conn)
+                return
         self._idle.append(conn)
         self._wake()
 
@@ -213,17 +218,20 @@ class NodePool:
             self._idle.append(conn)
 
     def retire(self) -> None:
-        """Its node left the cluster: close the idle connections now and each one in use
-        when its operation hands it back (operations in flight finish); nothing new starts."""
-        self._closed = True
+        """Its node left the cluster's slot map: close the idle connections now, and each one
+        in use once it is handed back with nobody waiting for it. Operations in flight or
+        queued here still run: the node answers them (MOVED, if it no longer serves their
+        keys, which the batch follows) or fails them, as it would have without the refresh."""
+        self._retiring = True
         idle, self._idle = self._idle, []
         for c in idle:
             c.close()
             self._forget(c)
-        while self._waiters:  # (each raises ConnectionLost: the pool is closed)
-            w = self._waiters.popleft()
-            if not w.done():
-                w.set_result(None)
+
+    @property
+    def drained(self) -> bool:
+        """No connection left, none being opened, nobody waiting."""
+        return not self._all and not self._connecting and not self._waiters
 
     async def close(self) -> None:
         """Abort every connection (idle and in use); never waits on the server."""
