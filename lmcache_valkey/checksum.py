@@ -92,7 +92,8 @@ def _choose() -> tuple[str, Callable[..., int], str | None]:
 #: Which implementation this process uses ("isal" or "crc32c"), and the function:
 #: ``crc32c(data, value=0)`` is the CRC32C of ``data`` continuing from ``value`` (the CRC of
 #: what came before; 0 to start). It reads bytes, bytearrays and contiguous memoryviews in
-#: place, writable or not. Bound directly (no wrapper): it runs once per received piece.
+#: place, writable or not. It runs once per received piece, so it is bound as the module
+#: attribute itself: the crc32c package's function, or one Python function in front of ISA-L.
 #: ``ISAL_MISSING``: why ISA-L did not load when it was wanted (``lmcache-valkey doctor``
 #: warns with it), else None.
 IMPLEMENTATION: str

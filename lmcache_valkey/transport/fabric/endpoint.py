@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lmcache_valkey.codec import clip_parts, crc32c_parts
 from lmcache_valkey.errors import FabricUnavailable, TransportError
 
 from .binding import load
@@ -248,11 +247,6 @@ class FabricEndpoint:
                         entry[0](int(errs[i]))
                     except Exception:  # a callback bug must not kill progress
                         log.exception("fabric completion callback failed")
-
-    def crc32c(self, views: list[memoryview], length: int) -> int:
-        """CRC32C of the first ``length`` bytes across ``views`` (GIL released): the payload
-        checksum of every transport (lmcache_valkey.checksum), over the views in place."""
-        return crc32c_parts(clip_parts(views, length))
 
     def strerror(self, rc: int) -> str:
         return self._ffi.string(self._lib.lmcv_strerror(rc)).decode()

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from lmcache_valkey import metrics
-from lmcache_valkey.codec import scatter
+from lmcache_valkey.codec import clip_parts, crc32c_parts, scatter
 from lmcache_valkey.errors import (
     ConnectionLost,
     CorruptChunk,
@@ -605,7 +605,7 @@ class FabricTransport:
 
     def _check_crc(self, views: list[memoryview], obj_len: int, crc: int, key: bytes) -> None:
         # Staged buffers were copied out already, so the user's views hold the bytes.
-        if self._rma_link().endpoint.crc32c(views, obj_len) != crc:
+        if crc32c_parts(clip_parts(views, obj_len)) != crc:
             raise CorruptChunk("crc", f"RMA GET of {key!r}: bytes in the buffers do not match the server's crc32c")
 
     async def close(self) -> None:
