@@ -246,6 +246,17 @@ def _seeded_by(server, **kw) -> RespClient:
     return RespClient(settings_from_mapping({"url": f"valkey://{server.host}:{server.port}", **kw}, env={}))
 
 
+def test_a_node_that_hears_of_its_last_slot_moving_by_gossip_first_is_no_test_failure() -> None:
+    """(The test support's slot migration.) A source that loses its last slot turns itself
+    into the new owner's replica, and may do so from gossip before it is told directly."""
+    with ValkeyCluster(3, slots=ONE_BIG_TWO_SMALL) as cluster:
+        stays, leaving = cluster.servers[0], cluster.servers[1]
+        for slot in range(16380, 16383):
+            cluster.migrate_slot(slot, stays, gossip_s=2.0 if slot == 16382 else 0.0)
+        assert cluster.owner_of(16382) is stays
+        assert "role:slave" in leaving.cmd("INFO", "replication").decode()
+
+
 async def test_operations_queued_on_a_departing_node_follow_it_to_the_new_owner() -> None:
     with ValkeyCluster(3, slots=ONE_BIG_TWO_SMALL) as cluster:
         stays, leaving = cluster.servers[0], cluster.servers[1]
