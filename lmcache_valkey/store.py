@@ -62,7 +62,9 @@ class ChunkTransport(Protocol):
     without moving the rest. ``exists_many_blocking`` / ``exists_many_on_caller_loop``:
     ``exists_many`` on the calling thread (which blocks) or awaited on another event loop
     than the transport's, for an engine's lookups; ``None`` where the transport cannot do
-    that one (then the store runs ``exists_many`` on its own loop).
+    that one (then the store runs ``exists_many`` on its own loop). ``prefix=True``: only the
+    leading run of present keys must be right, every key after the first absent one may
+    read absent (a transport may then ask the server less: transport/resp/prefix.py).
     """
 
     supports_release_callbacks: bool
@@ -79,11 +81,13 @@ class ChunkTransport(Protocol):
         self, items: Sequence[tuple[bytes, Sequence[Buffer]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]: ...
 
-    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]: ...
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]: ...
 
-    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None: ...
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float,
+                             prefix: bool = False) -> list[bool] | None: ...
 
-    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None: ...
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
+                                         prefix: bool = False) -> list[bool] | None: ...
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int: ...
 
@@ -171,7 +175,7 @@ class ChunkStore:
         if not chunk_ids:
             return 0
         started = time.perf_counter()
-        found = await self._exists_any_tier(chunk_ids)
+        found = await self._exists_any_tier(chunk_ids, prefix=True)
         return self._prefix_found(chunk_ids, found, started)
 
     async def contains_each(self, chunk_ids: Sequence[str]) -> list[bool]:
@@ -196,7 +200,7 @@ class ChunkStore:
         if not chunk_ids:
             return 0
         started = time.perf_counter()
-        found = self._exists_any_tier_blocking(chunk_ids, timeout)
+        found = self._exists_any_tier_blocking(chunk_ids, timeout, prefix=True)
         return None if found is _NEEDS_LOOP else self._prefix_found(chunk_ids, found, started)
 
     async def contains_prefix_on_caller_loop(self, chunk_ids: Sequence[str], timeout: float | None = None) -> int | None:
@@ -211,7 +215,8 @@ class ChunkStore:
         started = time.perf_counter()
         keys = self._lookup_keys(chunk_ids)
         try:
-            found = await self.transport.exists_many_on_caller_loop(keys, timeout=self._lookup_timeout(timeout))
+            found = await self.transport.exists_many_on_caller_loop(keys, timeout=self._lookup_timeout(timeout),
+                                                                    prefix=self.tiers is None)
         except TransportError as e:
             return self._prefix_found(chunk_ids, self._lookup_failed(len(chunk_ids), e), started)
         if found is None:
@@ -246,25 +251,29 @@ class ChunkStore:
             keys += _remembered(self._marker_keys, chunk_ids, self.namespace.marker_keys)
         return keys
 
-    async def _exists_any_tier(self, chunk_ids: Sequence[str]) -> list[bool] | None:
+    async def _exists_any_tier(self, chunk_ids: Sequence[str], prefix: bool = False) -> list[bool] | None:
         """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
-        marker) present? ``None`` when the lookup failed or missed its deadline (counted)."""
+        marker) present? ``None`` when the lookup failed or missed its deadline (counted).
+        ``prefix``: only the leading run of found chunks matters (the transport may answer
+        the rest "absent"); with tiering every answer is used, for the tier manager."""
         keys = self._lookup_keys(chunk_ids)
         timeout = self.settings.lookup_timeout_s
         try:
             async with time_limit(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
-                found = await self.transport.exists_many(keys, timeout=timeout)
+                found = await self.transport.exists_many(keys, timeout=timeout, prefix=prefix and self.tiers is None)
         except (TransportError, asyncio.TimeoutError) as e:
             return self._lookup_failed(len(chunk_ids), e)
         return self._any_tier(keys, len(chunk_ids), found)
 
-    def _exists_any_tier_blocking(self, chunk_ids: Sequence[str], timeout: float | None = None) -> Any:
+    def _exists_any_tier_blocking(self, chunk_ids: Sequence[str], timeout: float | None = None,
+                                  prefix: bool = False) -> Any:
         """:meth:`_exists_any_tier` on the calling thread, or ``_NEEDS_LOOP``."""
         if not self._may_look_up_here():
             return _NEEDS_LOOP
         keys = self._lookup_keys(chunk_ids)
         try:
-            found = self.transport.exists_many_blocking(keys, timeout=self._lookup_timeout(timeout))
+            found = self.transport.exists_many_blocking(keys, timeout=self._lookup_timeout(timeout),
+                                                        prefix=prefix and self.tiers is None)
         except TransportError as e:
             return self._lookup_failed(len(chunk_ids), e)
         if found is None:

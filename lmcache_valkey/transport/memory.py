@@ -102,14 +102,16 @@ class MemoryTransport:
             self._put(key, b"".join(bytes(p) for p in parts), ttl_s)
         return [None] * len(items)
 
-    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]:
         self._check("EXISTS")
         return [self._live(k) is not None for k in keys]
 
-    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float,
+                             prefix: bool = False) -> list[bool] | None:
         return None  # lookups run on the store's loop, like every other call
 
-    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
+                                         prefix: bool = False) -> list[bool] | None:
         return None
 
     async def delete(self, keys: Sequence[bytes], *, timeout: float) -> int:

@@ -19,7 +19,7 @@ def test_signatures() -> None:
         "get_many_into": ["items", "*timeout"],
         "set": ["key", "parts", "*ttl_s", "*timeout"],
         "set_many": ["items", "*ttl_s", "*timeout"],
-        "exists_many": ["keys", "*timeout"],
+        "exists_many": ["keys", "*timeout", "*prefix"],
         "getrange_into": ["key", "start", "buf", "*timeout"],
         "delete": ["keys", "*timeout"],
         "command": ["args", "*key", "*timeout"],

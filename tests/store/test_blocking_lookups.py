@@ -11,11 +11,11 @@ import signal
 import socket
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from support.acl_lines import setuser
+from support import sessions
 from support.hostile import HostileServer
 
 from lmcache_valkey import metrics
@@ -25,7 +25,6 @@ from lmcache_valkey.config import Node, Settings, settings_from_mapping
 from lmcache_valkey.errors import DeadlineExceeded
 from lmcache_valkey.keys import make_namespace
 from lmcache_valkey.session import StoreSession
-from lmcache_valkey.store import ChunkRef
 from lmcache_valkey.transport.resp.blocking import BlockingLookups
 from lmcache_valkey.transport.resp.connection import make_ssl_context
 
@@ -39,19 +38,13 @@ def ids(prefix: str, n: int) -> list[str]:
     return [NS.chunk_id(f"{prefix}-{i}") for i in range(n)]
 
 
-@contextmanager
-def opened(settings: Any) -> Iterator[StoreSession]:
+def opened(settings: Any):
     """A store session as an engine adapter holds one, closed after the test."""
-    session = StoreSession(settings, NS)
-    try:
-        yield session
-    finally:
-        session.close()
+    return sessions.opened(settings, NS)
 
 
 def put(session: StoreSession, chunk_ids: list[str]) -> None:
-    items = [(ChunkRef(c, c), META, memoryview(bytes(64))) for c in chunk_ids]
-    assert all(session.run_sync(session.store.put_many(items), 20))
+    sessions.put_small(session, chunk_ids, META)
 
 
 def lookup_errors(cause: str | None = None) -> float:

@@ -29,6 +29,7 @@ from ...config import Settings
 from ...keys import ChunkIds, Namespace
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef, ChunkStore, GetResult
+from .key_ids import EngineKeyIds
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class ValkeyRemoteConnector(RemoteConnector):
         self.settings = settings
         self.namespace: Namespace = namespace_for(settings, namespace_fields(config, metadata, self))
         self._ids = ChunkIds(self.namespace)
+        self._key_ids = EngineKeyIds(self._ids)
         self._session = StoreSession(settings, self.namespace, tiering, arena=self._arena())
         self._io = self._session.io
         self.store: ChunkStore = self._session.store
@@ -111,8 +113,8 @@ class ValkeyRemoteConnector(RemoteConnector):
         return ChunkRef(self._ids.of(s), s)
 
     def _chunk_ids(self, keys: Sequence[CacheEngineKey]) -> list[str]:
-        """A lookup's hot path: key strings to (remembered) ids, no object per key."""
-        return self._ids.many([k.to_string() for k in keys])
+        """A lookup's hot path: keys to (remembered) ids, mostly without a key string."""
+        return self._key_ids.many(keys)
 
     def _allocate(self) -> Optional[MemoryObj]:
         # busy_loop=False: never stall the I/O loop waiting for LMCache to evict.

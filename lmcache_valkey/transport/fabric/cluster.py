@@ -180,7 +180,7 @@ class ClusterFabricTransport:
         await self._run(items, results, attempt, deadline)
         return results
 
-    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]:
         """One pipelined round trip per node, concurrently."""
         out: list[bool] = [False] * len(keys)
 
@@ -191,10 +191,12 @@ class ClusterFabricTransport:
         await asyncio.gather(*(one(t, idxs) for t, idxs in self._groups(keys).items()))
         return out
 
-    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float,
+                             prefix: bool = False) -> list[bool] | None:
         return None  # each node's control connection belongs to the loop: lookups run there
 
-    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
+                                         prefix: bool = False) -> list[bool] | None:
         return None
 
     async def delete(self, keys: Iterable[bytes], timeout: float = 5.0) -> int:

@@ -520,7 +520,7 @@ class FabricTransport:
         got = await asyncio.gather(*(self.set_from(k, list(p), ttl_s, timeout) for k, p in items), return_exceptions=True)
         return [_as_result(g) for g in got]
 
-    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]:
         """One pipelined round trip on one connection (EXISTS per key keeps the order)."""
         if not keys:
             return []
@@ -533,10 +533,12 @@ class FabricTransport:
                 raise ProtocolError(f"unexpected EXISTS reply: {describe(r)}")
         return [r == 1 for r in replies]
 
-    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float,
+                             prefix: bool = False) -> list[bool] | None:
         return None  # the control connection belongs to the transport's loop: lookups run there
 
-    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
+                                         prefix: bool = False) -> list[bool] | None:
         return None
 
     async def scan_iter(self, match: bytes, count: int = 1000) -> AsyncIterator[bytes]:

@@ -97,6 +97,14 @@ def _lookup_error(e: BaseException, timeout: float) -> BaseException:
     return ConnectionLost(f"lookup: {type(e).__name__}: {e}")  # (e.g. a host name IDNA refuses)
 
 
+def _expect(c: _Conn, n: int, flags: bool) -> None:
+    """Tell the parser what ``n`` commands answer: a flag run, or ``n`` small replies."""
+    if flags:
+        c.parser.push_flags(n)
+    else:
+        c.parser.push_no_sinks(n)
+
+
 class _NoAddress(Exception):
     """A host name the loop's pool has not resolved yet: that lookup takes the loop."""
 
@@ -125,11 +133,13 @@ class BlockingLookups:
         self._closed = False
         self._retired: set[Node] = set()  # nodes left behind, with connections still in use
 
-    def exists(self, parts: Sequence[tuple[Node, bytes, int]], timeout: float) -> list[FlagRun] | None:
+    def exists(self, parts: Sequence[tuple[Node, bytes, int]], timeout: float, *,
+               flags: bool = True) -> list[Any] | None:
         """Send each node its pipeline (``(node, commands, how many)``), then read every
-        node's replies: one :class:`FlagRun` per part, in order. ``None`` when a connection is
-        not to be had at once (all in use, or this lane closed): the caller takes the loop's
-        path. Raises :class:`TransportError` (``DeadlineExceeded`` past ``timeout``)."""
+        node's replies: one :class:`FlagRun` per part, in order (``flags=False``: EXISTS of
+        several keys each, one list of integer replies per part). ``None`` when a connection
+        is not to be had at once (all in use, or this lane closed): the caller takes the
+        loop's path. Raises :class:`TransportError` (``DeadlineExceeded`` past ``timeout``)."""
         deadline = time.monotonic() + timeout
         conns = self._take_all(parts)
         if conns is None:
@@ -140,10 +150,10 @@ class BlockingLookups:
                 if c.sock is None:
                     self._connect(c, deadline)
             for c, (_, data, n) in zip(conns, parts):
-                c.parser.push_flags(n)
+                _expect(c, n, flags)
                 c.send(data, deadline)
-            for c in conns:
-                c.receive(1, deadline)
+            for c, (_, _, n) in zip(conns, parts):
+                c.receive(1 if flags else n, deadline)
         except _NoAddress:  # (raised before anything was sent: the connected ones are clean)
             for c in conns:
                 if c.sock is None:
@@ -161,17 +171,22 @@ class BlockingLookups:
                 # opens a fresh connection.
                 return None
             raise err from None
-        return self._finish(conns)
+        return self._finish(conns, flags)
 
-    def _finish(self, conns: list[_Conn]) -> list[FlagRun]:
-        """Each connection's one reply, the connections handed back (or dropped, if any is
-        not exactly one complete flag run: a FlagRun holds odd replies too; anything else is
-        not an EXISTS pipeline's answer)."""
-        runs = []
+    def _finish(self, conns: list[_Conn], flags: bool = True) -> list[Any]:
+        """Each connection's replies (its one flag run, or its list of replies), the
+        connections handed back (or dropped, if any is not exactly one complete flag run: a
+        FlagRun holds odd replies too; anything else is not an EXISTS pipeline's answer)."""
+        runs: list[Any] = []
         for c in conns:
-            run = c.replies.pop()
+            if flags:
+                run: Any = c.replies.pop()
+                ok = type(run) is FlagRun
+            else:
+                run, c.replies[:] = list(c.replies), []
+                ok = True
             runs.append(run)
-            if type(run) is not FlagRun or not c.parser.idle or c.replies:
+            if not ok or not c.parser.idle or c.replies:
                 for c2 in conns:
                     self._drop(c2)
                 raise ProtocolError(f"{c.node.name}: unexpected replies to a lookup")
@@ -180,7 +195,7 @@ class BlockingLookups:
         return runs
 
     async def exists_on_caller_loop(self, parts: Sequence[tuple[Node, bytes, int]],
-                                    timeout: float) -> list[FlagRun] | None:
+                                    timeout: float, *, flags: bool = True) -> list[Any] | None:
         """:meth:`exists` awaited on the calling event loop (an engine's own), the sockets
         switched to non-blocking for it: no thread is woken. Only over idle plain-TCP
         connections this lane already has; otherwise ``None`` (the caller takes a thread,
@@ -195,12 +210,12 @@ class BlockingLookups:
         try:
             async with time_limit(timeout):
                 for c, (_, data, n) in zip(conns, parts):
-                    c.parser.push_flags(n)
+                    _expect(c, n, flags)
                     c.sock.setblocking(False)
                     await loop.sock_sendall(c.sock, data)
-                for c in conns:
+                for c, (_, _, n) in zip(conns, parts):
                     replies, parser, sock = c.replies, c.parser, c.sock
-                    while not replies:
+                    while len(replies) < (1 if flags else n):
                         got = await loop.sock_recv_into(sock, parser.get_buffer())
                         if not got:
                             raise ConnectionLost(f"{c.node.name} closed the connection")
@@ -212,7 +227,7 @@ class BlockingLookups:
             if isinstance(err, ConnectionLost):
                 return None  # (an idle connection closed meanwhile: see exists)
             raise err from None
-        return self._finish(conns)
+        return self._finish(conns, flags)
 
     def close(self) -> None:
         """Close every idle connection now; one in use is shut down (its caller sees the

@@ -38,6 +38,8 @@ from .cluster import SlotMap, cluster_enabled, key_slot, parse_cluster_slots, pa
 from .connection import SMALL_JOIN, make_ssl_context
 from .parser import FlagRun, SimpleString, as_byte_view, describe, encode_command
 from .pool import PENDING, NodePool, Op, run_ops
+from .prefix import MIN_KEYS as PREFIX_MIN_KEYS
+from .prefix import block_counts_request, leading, settle
 
 __all__ = ["RespClient"]
 
@@ -105,6 +107,14 @@ def _exists_pipeline(keys: Sequence[bytes]) -> bytes:
 def _lane_requests(plan: "_LookupPlan") -> list[tuple[Node, bytes, int]]:
     """One EXISTS pipeline per node of ``plan``, for the blocking lane."""
     return [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts]
+
+
+def _present_run(found: Sequence[bool]) -> int:
+    """How many of ``found``, from the first, are True."""
+    try:
+        return found.index(False)  # type: ignore[attr-defined]
+    except ValueError:
+        return len(found)
 
 
 def _lane_found(plan: "_LookupPlan", runs: Any) -> list[bool] | None:
@@ -207,6 +217,7 @@ class RespClient:
         self._slot_cache: dict[bytes, int] = {}  # key -> slot; lookups re-ask the same keys
         self._control_bound = settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK
         self._blocking = BlockingLookups(settings, self._ssl, address_of=self._resolved)
+        self._blocks_refused = False  # (see _block_step)
         self._started = False
         self._closed = False
         self.retried = 0  # ops sent again after an unanswered ConnectionLost (see _run)
@@ -556,18 +567,36 @@ class RespClient:
         ops = [_set_op(i, k, parts, ttl_s, self.SET_VERB) for i, (k, parts) in enumerate(items)]
         return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout, idempotent=True)]
 
-    async def exists_many(self, keys: Sequence[bytes], *, timeout: float) -> list[bool]:
+    async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]:
         """Which keys exist: pipelined EXISTS, one write and one round trip per node.
 
         Raises the first error if any key could not be checked (DeadlineExceeded
         past the deadline). Keys that answer MOVED/ASK are re-asked at their new node.
         The replies come back as one :class:`~.parser.FlagRun` per node: a lookup of many
         keys costs a few byte-string operations, not a Python call per key.
+
+        ``prefix``: only the leading run of present keys must be right (every key after the
+        first absent one may read absent); on a standalone server that is asked by counts
+        of blocks of keys (:mod:`.prefix`).
         """
         if not keys:
             return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        if prefix and self._by_blocks(keys):
+            data, sizes = block_counts_request(keys)
+            op = Op(0, (data,), None)
+            op.node, op.nreplies = self._primary, len(sizes)
+            (run,) = await self._run([op], large=False, timeout=timeout, idempotent=True)
+            if isinstance(run, BaseException):
+                raise run
+            step = self._block_step(run, sizes)
+            if step is not None:
+                a, b = step
+                if a == b:
+                    return leading(a, len(keys))
+                part = await self.exists_many(keys[a:b], timeout=max(0.0, deadline - loop.time()))
+                return leading(a + _present_run(part), len(keys))
         plan = self._lookup_plan(keys)
         ops = []
         for k, (node, _, ks) in enumerate(plan.parts):
@@ -599,7 +628,8 @@ class RespClient:
                 found[i] = v
         return list(map(bool, found))
 
-    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    def exists_many_blocking(self, keys: Sequence[bytes], *, timeout: float,
+                             prefix: bool = False) -> list[bool] | None:
         """:meth:`exists_many` on the calling thread, which blocks (never an event loop's):
         no hop to the I/O loop and back (blocking.py says why). ``None`` when this lookup
         needs the loop after all: not started or closed, every blocking connection in use,
@@ -610,9 +640,20 @@ class RespClient:
         plan = self._lane_plan(keys)
         if plan is None:
             return None
+        if prefix and self._by_blocks(keys):
+            ends = time.monotonic() + timeout
+            data, sizes = block_counts_request(keys)
+            runs = self._blocking.exists([(self._primary, data, len(sizes))], timeout, flags=False)
+            got = self._lane_counted(keys, runs, sizes)
+            if not isinstance(got, tuple):
+                return got
+            a, b = got
+            part = self.exists_many_blocking(keys[a:b], timeout=max(0.0, ends - time.monotonic()))
+            return None if part is None else leading(a + _present_run(part), len(keys))
         return _lane_found(plan, self._blocking.exists(_lane_requests(plan), timeout))
 
-    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float) -> list[bool] | None:
+    async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
+                                         prefix: bool = False) -> list[bool] | None:
         """:meth:`exists_many` awaited on the caller's own event loop, over the blocking
         lane's sockets (none of this client's pool, which belongs to its loop). ``None``
         where :meth:`exists_many_blocking` says, and when the lane has no idle plain-TCP
@@ -622,7 +663,45 @@ class RespClient:
         plan = self._lane_plan(keys)
         if plan is None:
             return None
+        if prefix and self._by_blocks(keys):
+            ends = time.monotonic() + timeout
+            data, sizes = block_counts_request(keys)
+            runs = await self._blocking.exists_on_caller_loop([(self._primary, data, len(sizes))], timeout,
+                                                              flags=False)
+            got = self._lane_counted(keys, runs, sizes)
+            if not isinstance(got, tuple):
+                return got
+            a, b = got
+            part = await self.exists_many_on_caller_loop(keys[a:b], timeout=max(0.0, ends - time.monotonic()))
+            return None if part is None else leading(a + _present_run(part), len(keys))
         return _lane_found(plan, await self._blocking.exists_on_caller_loop(_lane_requests(plan), timeout))
+
+    def _by_blocks(self, keys: Sequence[bytes]) -> bool:
+        """A prefix lookup of these keys goes by block counts (:mod:`.prefix`)."""
+        return not self._cluster and not self._blocks_refused and len(keys) >= PREFIX_MIN_KEYS
+
+    def _lane_counted(self, keys: Sequence[bytes], runs: list[Any] | None,
+                      sizes: Sequence[int]) -> list[bool] | tuple[int, int] | None:
+        """After the lane's block counts: the answer, or the ``(start, end)`` of the block
+        still to ask per key, or None (the loop's path decides)."""
+        step = None if runs is None else self._block_step(runs[0], sizes)
+        if step is not None and step[0] == step[1]:
+            return leading(step[0], len(keys))
+        return step
+
+    def _block_step(self, run: Any, sizes: Sequence[int]) -> tuple[int, int] | None:
+        """:func:`.prefix.settle`; ``None``: ask per key instead, which reports what the
+        server said. A server that refuses multi-key EXISTS for good (a cluster node
+        addressed as standalone: CROSSSLOT, or MOVED) is remembered: later lookups ask per
+        key at once."""
+        step = settle(run, sizes)
+        if step is None:
+            err = next(v for v in run if isinstance(v, BaseException))
+            if isinstance(err, Redirect) or (isinstance(err, ServerError) and err.prefix == "CROSSSLOT"):
+                self._blocks_refused = True
+                log.info("%s refused EXISTS of several keys (%s): prefix lookups ask per key",
+                         self._primary.name, describe(err))
+        return step
 
     def _lane_plan(self, keys: Sequence[bytes]) -> "_LookupPlan | None":
         """The plan of a lookup off the loop's thread, or None (then the loop's path)."""
