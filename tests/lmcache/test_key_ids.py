@@ -74,6 +74,23 @@ def test_batches_the_shortcut_refuses_still_get_their_exact_ids() -> None:
     assert not set(k.many(layers)) & set(k.many(plain))
 
 
+def test_fields_equal_in_value_but_printed_differently_are_never_taken_for_each_other() -> None:
+    """``True == 1 == 1.0`` and they hash alike, yet a key string prints each its own way."""
+    ids = _ids()
+    k = EngineKeyIds(ids)
+    def make(ws, wid):
+        return [CacheEngineKey("m", ws, wid, 7 + i, torch.bfloat16) for i in range(16)]
+
+    variants = [make(1, 0), make(True, 0), make(1.0, 0), make(1, False), make(1, 0.0)]
+    mixed = variants[0][:8] + variants[1][8:]  # one lookup, both kinds
+    for batch in (*variants, mixed):
+        assert k.many(batch) == _by_string(ids, batch)
+    hashes_as_bools = [CacheEngineKey("m", 2, 0, h, torch.bfloat16) for h in (False, True) * 8]
+    ints = [CacheEngineKey("m", 2, 0, h, torch.bfloat16) for h in (0, 1) * 8]
+    assert k.many(ints) == _by_string(ids, ints)
+    assert k.many(hashes_as_bools) == _by_string(ids, hashes_as_bools)
+
+
 def test_the_shortcuts_are_bounded_and_forgotten_at_once() -> None:
     ids = _ids()
     k = EngineKeyIds(ids, max_entries=40)

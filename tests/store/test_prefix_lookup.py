@@ -147,6 +147,51 @@ def test_an_error_reply_to_a_block_count_is_asked_again_per_key() -> None:
             assert srv.commands.count(b"EXISTS") == 2 * 7 + N
 
 
+def test_a_server_that_never_takes_several_keys_is_asked_per_key_from_the_second_lookup_on() -> None:
+    def lie(name: bytes, args: list[bytes]) -> bytes | None:
+        return b"-ERR wrong number of arguments for 'exists' command\r\n" if name == b"EXISTS" and len(args) > 1 else None
+
+    with HostileServer(lie) as srv, opened(_hostile_settings(srv)) as session:
+        keys = ids("old-server")
+        put(session, keys[:50])
+        assert session.contains_prefix(keys, 5) == 50
+        del srv.commands[:]
+        assert session.contains_prefix(keys, 5) == 50
+        assert srv.commands.count(b"EXISTS") == N
+
+
+async def test_a_slow_refusal_of_the_counts_leaves_the_per_key_lookup_only_what_is_left() -> None:
+    """The deadline covers both: counts refused after 0.3 s, per-key answers 0.3 s late, 0.5 s
+    in all: past it, not a second deadline's worth later."""
+    import time
+
+    from lmcache_valkey.errors import DeadlineExceeded
+    from lmcache_valkey.transport.resp import RespClient
+
+    paused: set[str] = set()
+
+    def lie(name: bytes, args: list[bytes]) -> bytes | None:
+        if name != b"EXISTS":
+            return None
+        stage = "counts" if len(args) > 1 else "per key"
+        if stage not in paused:  # (once per stage: this server answers in order)
+            paused.add(stage)
+            time.sleep(0.3)
+        return b"-READONLY You can't write against a read only replica.\r\n" if stage == "counts" else None
+
+    keys = [NS.data_key(c) for c in ids("slow-refusal")]
+    with HostileServer(lie) as srv:
+        for k in keys:
+            srv.data[k] = b"v"
+        client = RespClient(_hostile_settings(srv))
+        await client.start()
+        try:
+            with pytest.raises(DeadlineExceeded):
+                await client.exists_many(keys, timeout=0.5, prefix=True)
+        finally:
+            await client.close()
+
+
 def test_with_tiering_a_lookup_asks_per_key_for_values_and_markers(valkey_server, tmp_path) -> None:
     """A tiered store needs every chunk's answer (its marker may stand for a value that
     went to NVMe): no counts there."""

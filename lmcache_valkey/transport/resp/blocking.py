@@ -171,20 +171,20 @@ class BlockingLookups:
                 # opens a fresh connection.
                 return None
             raise err from None
-        return self._finish(conns, flags)
+        return self._finish(conns, parts, flags)
 
-    def _finish(self, conns: list[_Conn], flags: bool = True) -> list[Any]:
+    def _finish(self, conns: list[_Conn], parts: Sequence[tuple[Node, bytes, int]], flags: bool = True) -> list[Any]:
         """Each connection's replies (its one flag run, or its list of replies), the
         connections handed back (or dropped, if any is not exactly one complete flag run: a
         FlagRun holds odd replies too; anything else is not an EXISTS pipeline's answer)."""
         runs: list[Any] = []
-        for c in conns:
+        for c, (_, _, n) in zip(conns, parts):
             if flags:
                 run: Any = c.replies.pop()
                 ok = type(run) is FlagRun
             else:
                 run, c.replies[:] = list(c.replies), []
-                ok = True
+                ok = len(run) == n
             runs.append(run)
             if not ok or not c.parser.idle or c.replies:
                 for c2 in conns:
@@ -227,7 +227,7 @@ class BlockingLookups:
             if isinstance(err, ConnectionLost):
                 return None  # (an idle connection closed meanwhile: see exists)
             raise err from None
-        return self._finish(conns, flags)
+        return self._finish(conns, parts, flags)
 
     def close(self) -> None:
         """Close every idle connection now; one in use is shut down (its caller sees the

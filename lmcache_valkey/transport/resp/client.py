@@ -26,7 +26,9 @@ from ...errors import (
     AuthError,
     ConnectionLost,
     DeadlineExceeded,
+    Loading,
     ProtocolError,
+    ReadOnly,
     Redirect,
     ServerError,
     TransportError,
@@ -115,6 +117,11 @@ def _present_run(found: Sequence[bool]) -> int:
         return found.index(False)  # type: ignore[attr-defined]
     except ValueError:
         return len(found)
+
+
+def _passing(err: ServerError) -> bool:
+    """An error reply that says "not now" (a failover, a load, a busy script), not "never"."""
+    return isinstance(err, (Loading, ReadOnly, TryAgain)) or err.prefix in ("BUSY", "MASTERDOWN", "CLUSTERDOWN")
 
 
 def _lane_found(plan: "_LookupPlan", runs: Any) -> list[bool] | None:
@@ -597,6 +604,7 @@ class RespClient:
                     return leading(a, len(keys))
                 part = await self.exists_many(keys[a:b], timeout=max(0.0, deadline - loop.time()))
                 return leading(a + _present_run(part), len(keys))
+            timeout = max(0.0, deadline - loop.time())  # (per key in what is left)
         plan = self._lookup_plan(keys)
         ops = []
         for k, (node, _, ks) in enumerate(plan.parts):
@@ -691,13 +699,14 @@ class RespClient:
 
     def _block_step(self, run: Any, sizes: Sequence[int]) -> tuple[int, int] | None:
         """:func:`.prefix.settle`; ``None``: ask per key instead, which reports what the
-        server said. A server that refuses multi-key EXISTS for good (a cluster node
-        addressed as standalone: CROSSSLOT, or MOVED) is remembered: later lookups ask per
-        key at once."""
+        server said. A server that refuses multi-key EXISTS (a cluster node addressed as
+        standalone: CROSSSLOT or MOVED; a proxy or an old server: wrong number of arguments;
+        an ACL: NOPERM) is remembered: later lookups ask per key at once. Errors that pass
+        (a failover's READONLY, LOADING, TRYAGAIN, BUSY) are not."""
         step = settle(run, sizes)
         if step is None:
             err = next(v for v in run if isinstance(v, BaseException))
-            if isinstance(err, Redirect) or (isinstance(err, ServerError) and err.prefix == "CROSSSLOT"):
+            if isinstance(err, ServerError) and not _passing(err):
                 self._blocks_refused = True
                 log.info("%s refused EXISTS of several keys (%s): prefix lookups ask per key",
                          self._primary.name, describe(err))
