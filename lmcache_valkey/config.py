@@ -73,6 +73,10 @@ class Settings:
     op_timeout_s: float = 5.0
     lookup_timeout_s: float = 1.0
     connections_per_node: int = 4
+    # How a standalone server is asked a prefix lookup (transport/resp/prefix.py): "counts",
+    # EXISTS per block of 16 keys (a twentieth of the server's commands; a partial hit takes
+    # two round trips), or "per_key", one EXISTS per key in one round trip.
+    prefix_lookup: str = "counts"
     ttl_s: float | None = None
     max_chunk_bytes: int = 256 << 20
     transport: str = "auto"  # auto | tcp | fabric (alias rdma) | blob-tcp
@@ -349,6 +353,7 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "op_timeout_s": ("op_timeout_s", parse_seconds),
     "lookup_timeout_s": ("lookup_timeout_s", parse_seconds),
     "connections_per_node": ("connections_per_node", lambda k, v: parse_int(k, v, 1, 64)),
+    "prefix_lookup": ("prefix_lookup", lambda k, v: parse_choice(k, v, ("counts", "per_key"))),
     "ttl_s": ("ttl_s", lambda k, v: parse_seconds(k, v, allow_zero=True) or None),
     "max_chunk_bytes": ("max_chunk_bytes", parse_size),
     "transport": ("transport", lambda k, v: _as_transport(k, v)),

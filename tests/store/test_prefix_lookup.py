@@ -95,6 +95,16 @@ def test_the_server_runs_one_exists_per_block_and_per_key_of_one_block_at_most(v
         assert exists_calls(valkey_server) == 20
 
 
+def test_prefix_lookup_per_key_asks_one_exists_per_key(valkey_server) -> None:
+    with opened(valkey_server.settings(transport="tcp", prefix_lookup="per_key")) as session:
+        keys = ids("per-key-setting")
+        put(session, keys[:40])
+        assert session.store.contains_prefix_blocking(keys) == 40
+        valkey_server.cmd("CONFIG", "RESETSTAT")
+        assert session.store.contains_prefix_blocking(keys) == 40
+        assert exists_calls(valkey_server) == N
+
+
 def test_a_cluster_node_addressed_as_standalone_is_asked_per_key_after_refusing_once() -> None:
     with ValkeyCluster(1) as cluster:
         node = cluster.servers[0]

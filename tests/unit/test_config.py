@@ -48,6 +48,7 @@ def test_extra_config_keys_become_typed_settings(tmp_path):
         ("op_timeout_s", -1, "op_timeout_s"),
         ("connections_per_node", 0, "connections_per_node"),
         ("transport", "carrier-pigeon", "transport"),
+        ("prefix_lookup", "guess", "prefix_lookup"),
         ("tenant", "a:b", "tenant"),
         ("max_chunk_bytes", "lots", "max_chunk_bytes"),
         ("tls_ca_file", "/nonexistent/ca.pem", "tls_ca_file"),

@@ -686,7 +686,8 @@ class RespClient:
 
     def _by_blocks(self, keys: Sequence[bytes]) -> bool:
         """A prefix lookup of these keys goes by block counts (:mod:`.prefix`)."""
-        return not self._cluster and not self._blocks_refused and len(keys) >= PREFIX_MIN_KEYS
+        return (not self._cluster and not self._blocks_refused and len(keys) >= PREFIX_MIN_KEYS
+                and self.settings.prefix_lookup == "counts")
 
     def _lane_counted(self, keys: Sequence[bytes], runs: list[Any] | None,
                       sizes: Sequence[int]) -> list[bool] | tuple[int, int] | None:
