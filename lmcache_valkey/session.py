@@ -32,6 +32,9 @@ T = TypeVar("T")
 # Threads that answer lookups awaited on an engine's loop (contains_prefix_async); a lookup
 # takes them for about one round trip, so two keep a burst of concurrent lookups moving.
 LOOKUP_THREADS = 2
+# How much longer than a lookup's own deadline a thread waits for the store's loop to answer it
+# (the store counts a late lookup as a miss itself, within its deadline plus a grace).
+LOOP_GRACE_S = 0.5
 
 
 def namespace_for(settings: Settings, fields: Mapping[str, Any]) -> Namespace:
@@ -91,9 +94,11 @@ class StoreSession:
         can (no hop to the loop and back), else on the loop, waiting at most ``timeout``.
         ``store``: a view of this session's store for another namespace."""
         store = self.store if store is None else store
+        ends = time.monotonic() + timeout
         found = store.contains_prefix_blocking(chunk_ids, timeout)
-        if found is None:
-            found = self.io.run_sync(store.contains_prefix(chunk_ids), timeout)
+        if found is None:  # (the loop's path gets what this thread's try left of the deadline)
+            left = max(0.0, ends - time.monotonic())
+            found = self.io.run_sync(store.contains_prefix(chunk_ids, left), left + LOOP_GRACE_S)
         return found
 
     async def contains_prefix_async(self, chunk_ids: Sequence[str], timeout: float) -> int:

@@ -170,12 +170,13 @@ class ChunkStore:
 
     # ------------------------------------------------------------------ lookup
 
-    async def contains_prefix(self, chunk_ids: Sequence[str]) -> int:
-        """How many chunks, from the first, exist in some tier. One round trip per node."""
+    async def contains_prefix(self, chunk_ids: Sequence[str], timeout: float | None = None) -> int:
+        """How many chunks, from the first, exist in some tier. One round trip per node.
+        ``timeout``: less than ``lookup_timeout_s`` where the caller has less left."""
         if not chunk_ids:
             return 0
         started = time.perf_counter()
-        found = await self._exists_any_tier(chunk_ids, prefix=True)
+        found = await self._exists_any_tier(chunk_ids, prefix=True, timeout=timeout)
         return self._prefix_found(chunk_ids, found, started)
 
     async def contains_each(self, chunk_ids: Sequence[str]) -> list[bool]:
@@ -251,13 +252,14 @@ class ChunkStore:
             keys += _remembered(self._marker_keys, chunk_ids, self.namespace.marker_keys)
         return keys
 
-    async def _exists_any_tier(self, chunk_ids: Sequence[str], prefix: bool = False) -> list[bool] | None:
+    async def _exists_any_tier(self, chunk_ids: Sequence[str], prefix: bool = False,
+                               timeout: float | None = None) -> list[bool] | None:
         """One pipelined pass: per chunk, is its value (or, with tiering, its lower-tier
         marker) present? ``None`` when the lookup failed or missed its deadline (counted).
         ``prefix``: only the leading run of found chunks matters (the transport may answer
         the rest "absent"); with tiering every answer is used, for the tier manager."""
         keys = self._lookup_keys(chunk_ids)
-        timeout = self.settings.lookup_timeout_s
+        timeout = self._lookup_timeout(timeout)
         try:
             async with time_limit(timeout + _GRACE_S):  # (no task per lookup, unlike wait_for)
                 found = await self.transport.exists_many(keys, timeout=timeout, prefix=prefix and self.tiers is None)

@@ -202,6 +202,32 @@ async def test_a_slow_refusal_of_the_counts_leaves_the_per_key_lookup_only_what_
             await client.close()
 
 
+def test_an_engines_lookup_retried_on_the_loop_gets_only_what_the_lane_left_of_its_deadline() -> None:
+    """The lane's try (counts refused after 0.3 s: it leaves the answer to the loop) and the
+    loop's (the same again) share the engine's 0.5 s: a counted miss then, not an answer
+    ~0.7 s after the engine asked."""
+    import time
+
+    from lmcache_valkey.session import LOOP_GRACE_S
+
+    def lie(name: bytes, args: list[bytes]) -> bytes | None:
+        if name == b"EXISTS" and len(args) > 1:
+            if args[0] == keys[0]:  # the first block of each try
+                time.sleep(0.3)
+            return b"-READONLY You can't write against a read only replica.\r\n"
+        return None
+
+    chunk_ids = ids("slow-lane")
+    keys = [NS.data_key(c) for c in chunk_ids]
+    with HostileServer(lie) as srv, opened(_hostile_settings(srv)) as session:
+        put(session, chunk_ids[:50])
+        errors = _lookup_errors()
+        started = time.monotonic()
+        assert session.contains_prefix(chunk_ids, 0.5) == 0
+        assert time.monotonic() - started < 0.5 + LOOP_GRACE_S
+        assert _lookup_errors() == errors + 1
+
+
 def test_with_tiering_a_lookup_asks_per_key_for_values_and_markers(valkey_server, tmp_path) -> None:
     """A tiered store needs every chunk's answer (its marker may stand for a value that
     went to NVMe): no counts there."""
