@@ -7,7 +7,7 @@ import pytest
 
 from lmcache_valkey.errors import ProtocolError, ServerError
 from lmcache_valkey.transport.resp.parser import encode_command
-from lmcache_valkey.transport.resp.prefix import BLOCK, block_counts_request, leading, settle
+from lmcache_valkey.transport.resp.prefix import BLOCK, block_counts_request, leading, settle, with_block
 
 
 @pytest.mark.parametrize("n", [32, 33, 40, 47, 100, 512])
@@ -56,3 +56,7 @@ def test_a_reply_count_that_does_not_match_the_blocks_is_a_protocol_error() -> N
 
 def test_the_answer_is_the_prefix_then_absent() -> None:
     assert leading(2, 4) == [True, True, False, False]
+
+
+def test_a_block_asked_per_key_keeps_its_answers_between_the_prefix_and_the_rest() -> None:
+    assert with_block(2, [True, False, True], 7) == [True, True, True, False, True, False, False]

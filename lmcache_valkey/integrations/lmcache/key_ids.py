@@ -54,9 +54,6 @@ class EngineKeyIds:
         self._entries = 0
         self._max = max_entries
 
-    def of(self, key: CacheEngineKey) -> str:
-        return self.ids.of(key.to_string())
-
     def many(self, keys: Sequence[CacheEngineKey]) -> list[str]:
         context = self._context(keys) if self._fast and len(keys) >= _FAST_MIN else None
         hashes = list(map(_HASH, keys)) if context is not None else None

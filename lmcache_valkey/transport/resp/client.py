@@ -41,7 +41,7 @@ from .connection import SMALL_JOIN, make_ssl_context
 from .parser import FlagRun, SimpleString, as_byte_view, describe, encode_command
 from .pool import PENDING, NodePool, Op, run_ops
 from .prefix import MIN_KEYS as PREFIX_MIN_KEYS
-from .prefix import block_counts_request, leading, settle
+from .prefix import block_counts_request, leading, settle, with_block
 
 __all__ = ["RespClient"]
 
@@ -109,14 +109,6 @@ def _exists_pipeline(keys: Sequence[bytes]) -> bytes:
 def _lane_requests(plan: "_LookupPlan") -> list[tuple[Node, bytes, int]]:
     """One EXISTS pipeline per node of ``plan``, for the blocking lane."""
     return [(node, _exists_pipeline(ks), len(ks)) for node, _, ks in plan.parts]
-
-
-def _present_run(found: Sequence[bool]) -> int:
-    """How many of ``found``, from the first, are True."""
-    try:
-        return found.index(False)  # type: ignore[attr-defined]
-    except ValueError:
-        return len(found)
 
 
 def _passing(err: ServerError) -> bool:
@@ -603,7 +595,7 @@ class RespClient:
                 if a == b:
                     return leading(a, len(keys))
                 part = await self.exists_many(keys[a:b], timeout=max(0.0, deadline - loop.time()))
-                return leading(a + _present_run(part), len(keys))
+                return with_block(a, part, len(keys))
             timeout = max(0.0, deadline - loop.time())  # (per key in what is left)
         plan = self._lookup_plan(keys)
         ops = []
@@ -657,7 +649,7 @@ class RespClient:
                 return got
             a, b = got
             part = self.exists_many_blocking(keys[a:b], timeout=max(0.0, ends - time.monotonic()))
-            return None if part is None else leading(a + _present_run(part), len(keys))
+            return None if part is None else with_block(a, part, len(keys))
         return _lane_found(plan, self._blocking.exists(_lane_requests(plan), timeout))
 
     async def exists_many_on_caller_loop(self, keys: Sequence[bytes], *, timeout: float,
@@ -681,7 +673,7 @@ class RespClient:
                 return got
             a, b = got
             part = await self.exists_many_on_caller_loop(keys[a:b], timeout=max(0.0, ends - time.monotonic()))
-            return None if part is None else leading(a + _present_run(part), len(keys))
+            return None if part is None else with_block(a, part, len(keys))
         return _lane_found(plan, await self._blocking.exists_on_caller_loop(_lane_requests(plan), timeout))
 
     def _by_blocks(self, keys: Sequence[bytes]) -> bool:

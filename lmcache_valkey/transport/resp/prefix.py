@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from ...errors import ProtocolError
 from .parser import describe
 
-__all__ = ["BLOCK", "MIN_KEYS", "block_counts_request", "settle", "leading"]
+__all__ = ["BLOCK", "MIN_KEYS", "block_counts_request", "settle", "leading", "with_block"]
 
 BLOCK = 16
 MIN_KEYS = 2 * BLOCK  # fewer keys: the per-key pipeline costs the server about as little
@@ -84,3 +84,9 @@ def settle(replies: Any, sizes: Sequence[int]) -> tuple[int, int] | None:
 def leading(present: int, n: int) -> list[bool]:
     """The answer of a prefix lookup of ``n`` keys: ``present`` found, then none."""
     return [True] * present + [False] * (n - present)
+
+
+def with_block(start: int, block: Sequence[bool], n: int) -> list[bool]:
+    """The answer of a prefix lookup of ``n`` keys whose first ``start`` are present and whose
+    next ones were asked one by one (``block``, their answers): those answers, then none."""
+    return [True] * start + list(block) + [False] * (n - start - len(block))
