@@ -141,6 +141,23 @@ def test_a_block_count_that_cannot_be_is_a_counted_miss_never_a_hit(count: bytes
         assert _lookup_errors() == errors + 2
 
 
+def test_a_lane_connection_that_answered_more_counts_than_asked_is_not_used_again() -> None:
+    def lie(name: bytes, args: list[bytes]) -> bytes | None:
+        if name == b"EXISTS" and len(args) > 1 and args[0] == keys[96]:  # the last block
+            return b":4\r\n:4\r\n"  # one reply too many, in the same write as the last one
+        return None
+
+    chunk_ids = ids("extra-count")
+    keys = [NS.data_key(c) for c in chunk_ids]
+    with HostileServer(lie) as srv, opened(_hostile_settings(srv)) as session:
+        put(session, chunk_ids)
+        lane = session.store.transport._blocking
+        errors = _lookup_errors()
+        assert session.store.contains_prefix_blocking(chunk_ids) == 0  # a counted miss
+        assert _lookup_errors() == errors + 1
+        assert not lane._idle.get(session.store.transport._primary)  # that connection was dropped
+
+
 def test_an_error_reply_to_a_block_count_is_asked_again_per_key() -> None:
     """(An error that may pass, such as a failover's READONLY, is not remembered: the next
     lookup tries the counts again.)"""
