@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -253,6 +253,19 @@ TIER_CAPACITY = Gauge(
 
 
 # --- recording API ---------------------------------------------------------------------------
+# Labelled children, looked up once: ``Metric.labels()`` validates and locks on every call,
+# and a get or put records three to four samples per chunk. Every label value has been
+# mapped into a fixed set first (_label), so this holds at most a few hundred entries.
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (metric, *labels)
+    child = _children.get(key)
+    if child is None:  # (two threads may both get here: labels() returns the same child)
+        child = _children[key] = metric.labels(*labels)
+    return child
+
 def record_lookup(keys: int, prefix: int, seconds: float) -> None:
     """One prefix lookup asked about ``keys`` chunks and found the first ``prefix``."""
     LOOKUPS.inc()
@@ -268,24 +281,24 @@ def record_hit(tier: str, transport: str, nbytes: int) -> None:
     """One chunk of ``nbytes`` payload bytes was delivered from ``tier`` over ``transport``."""
     t = _label("tier", tier, TIERS)
     tr = _label("transport", transport, TRANSPORTS)
-    HITS.labels(t, tr).inc()
+    _child(HITS, t, tr).inc()
     if nbytes > 0:
-        RETRIEVED_BYTES.labels(t, tr).inc(nbytes)
+        _child(RETRIEVED_BYTES, t, tr).inc(nbytes)
 
 
 def record_miss(tier: str, cause: str) -> None:
     """One chunk asked of ``tier`` was not delivered; ``cause`` is one of MISS_CAUSES."""
-    MISSES.labels(_label("tier", tier, TIERS), _label("cause", cause, MISS_CAUSES)).inc()
+    _child(MISSES, _label("tier", tier, TIERS), _label("cause", cause, MISS_CAUSES)).inc()
 
 
 def record_error(op: str, cause: str) -> None:
     """One operation ``op`` (OPS) failed with ``cause`` (ERROR_CAUSES)."""
-    ERRORS.labels(_label("op", op, OPS), _label("cause", cause, ERROR_CAUSES)).inc()
+    _child(ERRORS, _label("op", op, OPS), _label("cause", cause, ERROR_CAUSES)).inc()
 
 
 def observe_latency(op: str, tier: str, transport: str, seconds: float) -> None:
     """Wall time of one ``op`` on ``tier`` over ``transport``."""
-    LATENCY.labels(
+    _child(LATENCY, 
         _label("op", op, OPS), _label("tier", tier, TIERS), _label("transport", transport, TRANSPORTS)
     ).observe(max(seconds, 0.0))
 
@@ -294,35 +307,35 @@ def record_put(tier: str, transport: str, nbytes: int, ok: bool) -> None:
     """One chunk write to ``tier``; bytes count only when ``ok``."""
     t = _label("tier", tier, TIERS)
     tr = _label("transport", transport, TRANSPORTS)
-    PUTS.labels(t, tr, "ok" if ok else "failed").inc()
+    _child(PUTS, t, tr, "ok" if ok else "failed").inc()
     if ok and nbytes > 0:
-        STORED_BYTES.labels(t, tr).inc(nbytes)
+        _child(STORED_BYTES, t, tr).inc(nbytes)
 
 
 def set_flush_backlog(tier: str, n: int) -> None:
     """Chunks currently queued for write-behind to ``tier``."""
-    FLUSH_BACKLOG.labels(_label("tier", tier, TIERS)).set(n)
+    _child(FLUSH_BACKLOG, _label("tier", tier, TIERS)).set(n)
 
 
 def record_flush_drop(tier: str, n: int = 1) -> None:
     """``n`` chunks bound for ``tier`` were dropped because the queue was full."""
-    FLUSH_DROPS.labels(_label("tier", tier, TIERS)).inc(n)
+    _child(FLUSH_DROPS, _label("tier", tier, TIERS)).inc(n)
 
 
 def record_promotion(src_tier: str, nbytes: int = 0) -> None:
     """One chunk was promoted into RAM from ``src_tier``."""
     t = _label("tier", src_tier, TIERS)
-    PROMOTIONS.labels(t).inc()
+    _child(PROMOTIONS, t).inc()
     if nbytes > 0:
-        PROMOTED_BYTES.labels(t).inc(nbytes)
+        _child(PROMOTED_BYTES, t).inc(nbytes)
 
 
 def record_demotion(dst_tier: str, nbytes: int = 0) -> None:
     """One chunk was demoted (copied or moved) to ``dst_tier``."""
     t = _label("tier", dst_tier, TIERS)
-    DEMOTIONS.labels(t).inc()
+    _child(DEMOTIONS, t).inc()
     if nbytes > 0:
-        DEMOTED_BYTES.labels(t).inc(nbytes)
+        _child(DEMOTED_BYTES, t).inc(nbytes)
 
 
 def set_breaker_state(tier: str, state: str) -> None:
@@ -331,7 +344,7 @@ def set_breaker_state(tier: str, state: str) -> None:
     if value is None:
         _label("breaker state", state, BREAKER_STATES)
         value = BREAKER_STATES["open"]
-    BREAKER_STATE.labels(_label("tier", tier, TIERS)).set(value)
+    _child(BREAKER_STATE, _label("tier", tier, TIERS)).set(value)
 
 
 def set_registered_bytes(n: int) -> None:
@@ -341,20 +354,20 @@ def set_registered_bytes(n: int) -> None:
 
 def record_admission(tier: str, admitted: bool) -> None:
     """The admission policy for ``tier`` admitted or rejected one chunk."""
-    ADMISSIONS.labels(_label("tier", tier, TIERS), "admitted" if admitted else "rejected").inc()
+    _child(ADMISSIONS, _label("tier", tier, TIERS), "admitted" if admitted else "rejected").inc()
 
 
 def record_fabric_fallback(op: str) -> None:
     """A fabric ``get``/``put`` fell back from RMA to the module's bulk commands."""
-    FABRIC_FALLBACKS.labels(_label("op", op, OPS)).inc()
+    _child(FABRIC_FALLBACKS, _label("op", op, OPS)).inc()
 
 
 def set_tier_usage(tier: str, used_bytes: int, capacity_bytes: Optional[int] = None) -> None:
     """Bytes held by ``tier`` and, if known, its budget."""
     t = _label("tier", tier, TIERS)
-    TIER_USED.labels(t).set(used_bytes)
+    _child(TIER_USED, t).set(used_bytes)
     if capacity_bytes is not None:
-        TIER_CAPACITY.labels(t).set(capacity_bytes)
+        _child(TIER_CAPACITY, t).set(capacity_bytes)
 
 
 # --- exposition ------------------------------------------------------------------------------

@@ -201,6 +201,32 @@ async def test_small_values_pipeline_large_values_stripe(valkey_server) -> None:
 
 
 
+def _server_reads(server) -> int:
+    """How many times the server has read from a client socket (INFO stats)."""
+    for line in server.cmd("INFO", "stats").decode().splitlines():
+        if line.startswith("total_reads_processed:"):
+            return int(line.split(":")[1])
+    raise AssertionError("INFO stats has no total_reads_processed")
+
+
+async def test_a_batch_of_small_commands_leaves_in_one_write(valkey_server) -> None:
+    """64 GETs (and 64 SETs) of one batch go out as one write, not one system call per
+    command: the server reads each batch in a few reads (before: about one per command)."""
+    c = await _client(valkey_server)
+    try:
+        values = {b"w%d" % i: os.urandom(300) for i in range(64)}
+        await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=10)  # warm the pool
+        before = _server_reads(valkey_server)
+        assert await c.set_many([(k, [v]) for k, v in values.items()], ttl_s=None, timeout=10) == [None] * 64
+        bufs = {k: bytearray(300) for k in values}
+        assert await c.get_many_into([(k, [memoryview(b)]) for k, b in bufs.items()], timeout=10) == [300] * 64
+        reads = _server_reads(valkey_server) - before - 1  # (less the INFO itself)
+        assert all(bufs[k] == v for k, v in values.items())
+        assert reads <= 6, f"the server read 128 commands in {reads} reads"
+    finally:
+        await c.close()
+
+
 async def test_concurrent_batches_and_gets_share_the_pool(valkey_server) -> None:
     import random
 

@@ -73,8 +73,26 @@ DIRECT_MIN = 64 << 10
 PROBE_SLICE = 16 << 10
 # Payloads smaller than this are joined with their header (one send() call).
 SMALL_JOIN = 8 << 10
+# Consecutive small buffers waiting to go out (a batch's GET commands, one SET's trailer
+# and the next one's header) are joined into one write of up to this many bytes: one
+# system call, and one read on the server, instead of one per command.
+COALESCE_MAX = 64 << 10
 
 Callback = Callable[[Any], None]
+
+
+def _coalesce(out: "deque[Any]") -> bytes:
+    """Join the run of small buffers at the head of ``out`` (at most ``COALESCE_MAX``
+    bytes, and never a large one) into one, which replaces them at the head."""
+    run = [out.popleft()]
+    size = len(run[0])
+    while out and len(out[0]) < DIRECT_MIN and size < COALESCE_MAX:
+        d = out.popleft()
+        run.append(d)
+        size += len(d)
+    joined = b"".join(run)
+    out.appendleft(joined)
+    return joined
 
 
 def make_ssl_context(tls: TLSSettings) -> ssl.SSLContext:
@@ -213,14 +231,16 @@ class Connection(asyncio.BufferedProtocol):
         return bool(self._cbs)
 
     def send(self, parts: Sequence[Any], sink: Sequence[memoryview] | None, cb: Callback,
-             bound: int = SMALL_REPLY_MAX) -> bool:
+             bound: int = SMALL_REPLY_MAX, *, flush: bool = True) -> bool:
         """Queue one command (already encoded as ``parts``) and its reply callback.
 
         ``cb(value)`` runs synchronously when the reply is parsed; ``value`` is
         an exception object for an error reply or a lost connection. ``bound``:
         the most bytes the reply may hold outside ``sink`` (what the command can
         legitimately return; more is a ProtocolError). Returns False (and does
-        not call ``cb``) when the connection is already broken.
+        not call ``cb``) when the connection is already broken. ``flush=False``
+        only queues the bytes: a caller sending several commands in a row calls
+        :meth:`flush` after the last, so they leave in as few writes as possible.
         """
         if self.broken:
             return False
@@ -232,9 +252,14 @@ class Connection(asyncio.BufferedProtocol):
         self._cbs.append(cb)
         if parts:
             self._out.extend(parts)
-            if not self._paused:
+            if flush and not self._paused:
                 self._pump()
         return True
+
+    def flush(self) -> None:
+        """Start sending what :meth:`send` queued with ``flush=False``."""
+        if not self.broken and self._out and not self._paused:
+            self._pump()
 
     def send_pipeline(self, data: bytes, n: int, cb: Callback, bound: int = SMALL_REPLY_MAX, *,
                       flags: bool = False) -> bool:
@@ -330,6 +355,8 @@ class Connection(asyncio.BufferedProtocol):
                 out.clear()  # connection_lost() follows and fails the pending requests
                 return
             d = out[0]
+            if len(d) < DIRECT_MIN and len(out) > 1 and len(out[1]) < DIRECT_MIN:
+                d = _coalesce(out)
             if sock is not None and len(d) >= DIRECT_MIN and not transport.get_write_buffer_size():  # type: ignore[union-attr]
                 # Plain socket, nothing queued in the transport (so order is
                 # kept): the kernel copies straight from the caller's buffer.

@@ -362,13 +362,15 @@ class _Lane:
         while q and (inflight[conn] == 0 or inflight[conn] + q[0].size <= PIPELINE_BUDGET):
             op = q.popleft()
             if op.asking:
-                conn.send((_ASKING,), None, _ignore)
+                conn.send((_ASKING,), None, _ignore, flush=False)
             inflight[conn] += op.size
-            if not conn.send(op.parts, op.sink, self._cb(conn, op), op.bound):
+            # Queued only: every op that fits the budget leaves in as few writes as possible.
+            if not conn.send(op.parts, op.sink, self._cb(conn, op), op.bound, flush=False):
                 inflight[conn] -= op.size
                 q.appendleft(op)
                 self._feed(conn)
                 return
+        conn.flush()
 
     def _let_go(self, conn: Connection) -> None:
         """Give an idle (or broken) connection back to the pool before the batch ends."""
