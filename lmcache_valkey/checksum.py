@@ -15,7 +15,8 @@ are taken straight out of throughput. Two implementations compute the same funct
 
 ``LMCACHE_VALKEY_CRC32C`` picks one: ``auto`` (default: ISA-L when ``libisal.so.2`` loads),
 ``isal`` (required: failing to load it is an error at import, naming the package to
-install) or ``crc32c``. Both release the GIL on large buffers (cffi on every call, the crc32c
+install) or ``crc32c``; any other value is a ConfigError at import (the console script
+reports it as one line, exit code 2). Both release the GIL on large buffers (cffi on every call, the crc32c
 package from 32 KiB), so the store's CRC threads run them beside the I/O loop.
 """
 
@@ -25,6 +26,8 @@ import os
 from typing import Any, Callable
 
 import crc32c as _crc32c
+
+from .errors import ConfigError
 
 __all__ = ["crc32c", "IMPLEMENTATION", "ISAL_MIN", "ISAL_MISSING"]
 
@@ -54,7 +57,7 @@ def _choose() -> tuple[str, Callable[..., int], str | None]:
     """(implementation, function, why ISA-L is not used when it was not ruled out by choice)."""
     want = os.environ.get(_ENV, "auto").strip().lower() or "auto"
     if want not in ("auto", "isal", "crc32c"):
-        raise ValueError(f"{_ENV}={want!r}: expected auto, isal or crc32c")
+        raise ConfigError(_ENV, "auto, isal or crc32c", want)
     small = _crc32c.crc32c
     if want == "crc32c":
         return "crc32c", small, None

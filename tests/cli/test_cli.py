@@ -33,6 +33,23 @@ def one_line_error(r: subprocess.CompletedProcess[str], code: int, *needles: str
     return lines[0]
 
 
+def test_a_bad_checksum_setting_in_the_environment_is_one_line_not_a_traceback():
+    """LMCACHE_VALKEY_CRC32C is read while the package imports, before the CLI can catch
+    anything: the installed command and ``python -m lmcache_valkey`` still answer with one
+    line naming it, exit code 2 (before: a traceback from the import)."""
+    env = dict(os.environ, LMCACHE_VALKEY_CRC32C="fastest")
+    script = Path(sys.executable).with_name("lmcache-valkey")
+    for command in ([str(script)], [sys.executable, "-m", "lmcache_valkey"]):
+        r = subprocess.run([*command, "doctor", "--json"], capture_output=True, text=True, timeout=120, env=env,
+                           cwd=ROOT)
+        one_line_error(r, 2, "LMCACHE_VALKEY_CRC32C", "auto, isal or crc32c", "'fastest'")
+        assert json.loads(r.stdout) == {"ok": False, "error": r.stderr.strip().split(": ", 1)[1], "exit_code": 2}
+    # and a good value reaches the CLI itself
+    r = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, LMCACHE_VALKEY_CRC32C="crc32c"), cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == f"lmcache-valkey {lmcache_valkey.__version__}"
+
+
 def test_version():
     r = cli("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"lmcache-valkey {lmcache_valkey.__version__}"
