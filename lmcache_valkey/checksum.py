@@ -14,9 +14,9 @@ are taken straight out of throughput. Two implementations compute the same funct
   ~0.1 µs per call, equal at ~16 KiB), and for everything when ISA-L is not there.
 
 ``LMCACHE_VALKEY_CRC32C`` picks one: ``auto`` (default: ISA-L when ``libisal.so.2`` loads),
-``isal`` (required: failing to load it is an error at import, naming the package to
-install) or ``crc32c``; any other value is a ConfigError at import (the console script
-reports it as one line, exit code 2). Both release the GIL on large buffers (cffi on every call, the crc32c
+``isal`` (required: failing to load it is a ConfigError at import, naming the package to
+install) or ``crc32c``; any other value is a ConfigError at import too (the console script
+reports either as one line, exit code 2). Both release the GIL on large buffers (cffi on every call, the crc32c
 package from 32 KiB), so the store's CRC threads run them beside the I/O loop.
 """
 
@@ -64,7 +64,7 @@ def _choose() -> tuple[str, Callable[..., int], str | None]:
     loaded = _load_isal()
     if isinstance(loaded, str):
         if want == "isal":
-            raise ImportError(f"{_ENV}=isal, but {loaded}")
+            raise ConfigError(_ENV, f"auto or crc32c, since {loaded}", want)
         return "crc32c", small, loaded
     crc32_iscsi, from_buffer = loaded
 

@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         args = sys.argv[1:] if argv is None else list(argv)
         print(f"lmcache-valkey: {e}", file=sys.stderr)
-        if "--json" in args:
+        if any(len(a) > 2 and "--json".startswith(a) for a in args):  # (argparse takes --js too)
             print(json.dumps({"ok": False, "error": str(e), "exit_code": EXIT_USAGE}))
         return EXIT_USAGE
     return cli_main(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tracemalloc
 
 import pytest
 
@@ -223,6 +224,30 @@ async def test_a_batch_of_small_commands_leaves_in_one_write(valkey_server) -> N
         reads = _server_reads(valkey_server) - before - 1  # (less the INFO itself)
         assert all(bufs[k] == v for k, v in values.items())
         assert reads <= 6, f"the server read 128 commands in {reads} reads"
+    finally:
+        await c.close()
+
+
+async def test_a_payload_of_many_small_parts_goes_out_in_place(valkey_server) -> None:
+    """A SET whose payload is 64 slices of 16 KiB (how SGLang's layer-first pages arrive) is
+    sent from the caller's memory: we join none of it (the review of the one-write change
+    found it joining them 64 KiB at a time, a copy of every payload byte)."""
+    c = await _client(valkey_server)
+    try:
+        arena = bytearray(os.urandom(MiB))
+        view = memoryview(arena)
+        parts = [view[at:at + (16 << 10)] for at in range(0, MiB, 16 << 10)]
+        await c.set(b"warm", [b"x"], ttl_s=None, timeout=10)  # the pool's connections exist
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            await c.set(b"parts", parts, ttl_s=None, timeout=10)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert peak < 40 << 10, f"{peak} bytes allocated to send a 1 MiB payload held in 64 parts"
+        dest = bytearray(MiB)
+        assert await c.get_into(b"parts", [memoryview(dest)], timeout=10) == MiB and dest == arena
     finally:
         await c.close()
 

@@ -10,6 +10,7 @@ import crc32c as reference
 import pytest
 
 from lmcache_valkey import checksum
+from lmcache_valkey.errors import ConfigError
 
 
 def test_this_machine_uses_isal():
@@ -86,8 +87,9 @@ def test_the_environment_picks_the_implementation():
 def test_isal_required_but_missing_fails_naming_the_package(monkeypatch):
     monkeypatch.setenv("LMCACHE_VALKEY_CRC32C", "isal")
     monkeypatch.setattr(checksum, "_ISAL_SONAME", "libisal-not-here.so.9")
-    with pytest.raises(ImportError, match="libisal2"):
+    with pytest.raises(ConfigError, match="libisal2") as refused:
         checksum._choose()
+    assert "LMCACHE_VALKEY_CRC32C" in str(refused.value) and "got 'isal'" in str(refused.value)
     monkeypatch.setenv("LMCACHE_VALKEY_CRC32C", "auto")  # auto falls back to the crc32c package
     name, fn, missing = checksum._choose()
     assert name == "crc32c" and fn(b"abc") == reference.crc32c(b"abc")

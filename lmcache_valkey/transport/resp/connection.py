@@ -10,7 +10,8 @@ so the loop wakes for big pieces, not for every segment.
 
 Send path: commands are queued as a list of buffers (a small RESP header, then
 the caller's payload memoryviews, then a trailer); the payload is never
-concatenated. On plain sockets large buffers go out with ``sock.send`` straight
+concatenated. Runs of our own small byte strings (a batch's commands, one SET's trailer
+and the next one's header) are joined into one write. On plain sockets large buffers go out with ``sock.send`` straight
 from the caller's memory whenever the transport has nothing queued; when the
 socket is full, only a small probe slice is handed to the transport (which
 copies it and pauses us until the socket drains). TLS writes go through the
@@ -73,20 +74,27 @@ DIRECT_MIN = 64 << 10
 PROBE_SLICE = 16 << 10
 # Payloads smaller than this are joined with their header (one send() call).
 SMALL_JOIN = 8 << 10
-# Consecutive small buffers waiting to go out (a batch's GET commands, one SET's trailer
-# and the next one's header) are joined into one write of up to this many bytes: one
-# system call, and one read on the server, instead of one per command.
+# Consecutive small byte strings waiting to go out (a batch's GET commands, one SET's trailer
+# and the next one's header) are joined into one write of at most this many bytes: one
+# system call, and one read on the server, instead of one per command. Only our own
+# ``bytes`` are joined, never a caller's buffer: payloads go out in place.
 COALESCE_MAX = 64 << 10
 
 Callback = Callable[[Any], None]
 
 
+def _joinable(out: "deque[Any]") -> bool:
+    """The head of ``out`` and the buffer after it are both small byte strings of ours."""
+    return (len(out) > 1 and type(out[0]) is bytes and type(out[1]) is bytes
+            and len(out[0]) + len(out[1]) <= COALESCE_MAX)
+
+
 def _coalesce(out: "deque[Any]") -> bytes:
-    """Join the run of small buffers at the head of ``out`` (at most ``COALESCE_MAX``
-    bytes, and never a large one) into one, which replaces them at the head."""
+    """Join the run of ``bytes`` at the head of ``out`` (at most ``COALESCE_MAX`` bytes in
+    all) into one, which replaces them at the head."""
     run = [out.popleft()]
     size = len(run[0])
-    while out and len(out[0]) < DIRECT_MIN and size < COALESCE_MAX:
+    while out and type(out[0]) is bytes and size + len(out[0]) <= COALESCE_MAX:
         d = out.popleft()
         run.append(d)
         size += len(d)
@@ -355,7 +363,7 @@ class Connection(asyncio.BufferedProtocol):
                 out.clear()  # connection_lost() follows and fails the pending requests
                 return
             d = out[0]
-            if len(d) < DIRECT_MIN and len(out) > 1 and len(out[1]) < DIRECT_MIN:
+            if _joinable(out):
                 d = _coalesce(out)
             if sock is not None and len(d) >= DIRECT_MIN and not transport.get_write_buffer_size():  # type: ignore[union-attr]
                 # Plain socket, nothing queued in the transport (so order is
