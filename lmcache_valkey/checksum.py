@@ -16,8 +16,9 @@ are taken straight out of throughput. Two implementations compute the same funct
 ``LMCACHE_VALKEY_CRC32C`` picks one: ``auto`` (default: ISA-L when ``libisal.so.2`` loads),
 ``isal`` (required: failing to load it is a ConfigError at import, naming the package to
 install) or ``crc32c``; any other value is a ConfigError at import too (the console script
-reports either as one line, exit code 2). Both release the GIL on large buffers (cffi on every call, the crc32c
-package from 32 KiB), so the store's CRC threads run them beside the I/O loop.
+reports either as one line, exit code 2). Both release the GIL on large buffers (cffi on
+every call, the crc32c package from 32 KiB), so the store's CRC threads run them beside
+the I/O loop.
 """
 
 from __future__ import annotations

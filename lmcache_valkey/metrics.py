@@ -266,6 +266,7 @@ def _child(metric: Any, *labels: str) -> Any:
         child = _children[key] = metric.labels(*labels)
     return child
 
+
 def record_lookup(keys: int, prefix: int, seconds: float) -> None:
     """One prefix lookup asked about ``keys`` chunks and found the first ``prefix``."""
     LOOKUPS.inc()
@@ -298,8 +299,8 @@ def record_error(op: str, cause: str) -> None:
 
 def observe_latency(op: str, tier: str, transport: str, seconds: float) -> None:
     """Wall time of one ``op`` on ``tier`` over ``transport``."""
-    _child(LATENCY, 
-        _label("op", op, OPS), _label("tier", tier, TIERS), _label("transport", transport, TRANSPORTS)
+    _child(
+        LATENCY, _label("op", op, OPS), _label("tier", tier, TIERS), _label("transport", transport, TRANSPORTS)
     ).observe(max(seconds, 0.0))
 
 

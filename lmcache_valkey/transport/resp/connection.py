@@ -10,11 +10,12 @@ so the loop wakes for big pieces, not for every segment.
 
 Send path: commands are queued as a list of buffers (a small RESP header, then
 the caller's payload memoryviews, then a trailer); the payload is never
-concatenated. Runs of our own small byte strings (a batch's commands, one SET's trailer
-and the next one's header) are joined into one write. On plain sockets large buffers go out with ``sock.send`` straight
-from the caller's memory whenever the transport has nothing queued; when the
-socket is full, only a small probe slice is handed to the transport (which
-copies it and pauses us until the socket drains). TLS writes go through the
+concatenated. Runs of our own small byte strings (a batch's commands, one SET's
+trailer and the next one's header) are joined into one write. On plain sockets
+large buffers go out with ``sock.send`` straight from the caller's memory
+whenever the transport has nothing queued; when the socket is full, only a
+small probe slice is handed to the transport (which copies it and pauses us
+until the socket drains). TLS writes go through the
 transport slice by slice (encryption copies anyway).
 
 Buffer ownership rule (the one place it is written down)
