@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import lmcache_valkey.transport.resp as resp
 from lmcache_valkey.transport.resp import RespClient
@@ -56,16 +57,23 @@ def test_layering() -> None:
                     assert not a.name.startswith(("valkey", "lmcache", "redis")), (path.name, a.name)
 
 
-def test_set_sends_caller_buffers_without_joining() -> None:
+def test_set_sends_the_payload_in_place_and_the_chunk_header_with_the_command() -> None:
+    """The payload goes out from the caller's buffer; the store's 512-byte chunk header (a
+    bytearray) is copied into the command's bytes, so it is not a send of its own."""
     from lmcache_valkey.transport.resp.client import _set_parts
 
-    header = bytes(512)
+    header = bytearray(os.urandom(512))
     payload = bytearray(4 << 20)
     parts, total = _set_parts(b"key", [header, memoryview(payload)], 10.0)
     assert total == 512 + (4 << 20)
-    assert parts[0].startswith(b"*5\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\n" % total)
-    assert parts[1] is header  # the caller's objects themselves, not copies
-    assert isinstance(parts[2], memoryview) and parts[2].obj is payload
-    assert parts[3] == b"\r\n$2\r\nPX\r\n$5\r\n10000\r\n"
+    command = b"*5\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\n" % total
+    assert type(parts[0]) is bytes and parts[0] == command + header
+    assert isinstance(parts[1], memoryview) and parts[1].obj is payload  # not a copy
+    assert parts[2:] == [b"\r\n$2\r\nPX\r\n$5\r\n10000\r\n"]
+    # Only a bounded lead is copied: parts of 16 KiB (SGLang's layer slices) all stay in place.
+    slices = [memoryview(payload)[at:at + (16 << 10)] for at in range(0, 1 << 20, 16 << 10)]
+    parts, _ = _set_parts(b"key", [header, *slices], None)
+    assert parts[0] == b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\n" % (512 + (1 << 20)) + header
+    assert all(p.obj is payload for p in parts[1:-1]) and len(parts) == 2 + len(slices)
     small, _ = _set_parts(b"k", [b"ab", b"cd"], None)  # tiny values: one buffer, one send
     assert small == [b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\nabcd\r\n"]

@@ -84,7 +84,17 @@ def _set_parts(key: bytes, parts: Sequence[bytes | memoryview], ttl_s: float | N
     header = b"*%d\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(verb), verb, len(key), key, total)
     if total < SMALL_JOIN:
         return [b"".join([header, *views, trailer])], total
-    return [header, *(v for v in views if len(v)), trailer], total
+    # Small leading parts (the store's 512-byte chunk header) are copied into the RESP header:
+    # the connection joins only its own bytes, so a part left as a view would be a write of
+    # its own. The payload's parts go out in place.
+    lead = 0
+    size = len(header)
+    while lead < len(views) and size + len(views[lead]) <= SMALL_JOIN:
+        size += len(views[lead])
+        lead += 1
+    if lead:
+        header = b"".join([header, *views[:lead]])
+    return [header, *(v for v in views[lead:] if len(v)), trailer], total
 
 
 def _sink(bufs: Any) -> list[memoryview]:
