@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lmcache_valkey", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
 
 

@@ -16,7 +16,7 @@ MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
 
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:
-    p = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "doctor", "--json", *args],
+    p = subprocess.run([sys.executable, "-m", "lmcache_valkey", "doctor", "--json", *args],
                        capture_output=True, text=True, timeout=120,
                        env=None if env is None else {**os.environ, **env})
     if p.returncode == 2:

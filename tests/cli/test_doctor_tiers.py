@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:
-    p = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "doctor", "--json", *args],
+    p = subprocess.run([sys.executable, "-m", "lmcache_valkey", "doctor", "--json", *args],
                        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert p.returncode in (0, 1), p.stdout + p.stderr
     return p.returncode, {c["name"]: c for c in json.loads(p.stdout)}
@@ -112,7 +112,7 @@ def test_service_tiering_needs_a_tierd_for_the_tenant(valkey_server, tmp_path):
     assert "lmcache-valkey tierd" in checks["tiering"]["fix"]
 
     nvme = tmp_path / "nvme"
-    tierd = subprocess.Popen([sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", valkey_server.url,
+    tierd = subprocess.Popen([sys.executable, "-m", "lmcache_valkey", "tierd", "--valkey-url", valkey_server.url,
                               "--tenant", "t1", "--nvme-dir", str(nvme), "--set", "request_block_s=0.2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:

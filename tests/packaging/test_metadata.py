@@ -42,7 +42,7 @@ def test_version_is_one_value_everywhere(wheel_metadata):
 
     assert re.fullmatch(r"\d+\.\d+\.\d+", lmcache_valkey.__version__)
     assert wheel_metadata["Version"] == lmcache_valkey.__version__
-    out = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "--version"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "lmcache_valkey", "--version"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"lmcache-valkey {lmcache_valkey.__version__}"
     with open(ROOT / "charts/lmcache-valkey/Chart.yaml") as f:

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", *argv], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "lmcache_valkey", *argv], capture_output=True, text=True, timeout=60)
 
 
 
@@ -43,7 +43,7 @@ def test_tierd_process_cli_controls_and_sigterm(small_valkey, nvme_dir, moto_s3)
     moto_s3.create_bucket()
     env = dict(os.environ)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
+        [sys.executable, "-m", "lmcache_valkey", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
          "--nvme-dir", nvme_dir, "--s3-bucket", moto_s3.bucket, "--s3-endpoint-url", moto_s3.url,
          "--admission", "always", "--set", "request_block_s=0.2", "--drain-timeout-s", "30"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -92,7 +92,7 @@ def test_drain_reports_progress_and_stats_read_like_a_report(small_valkey, nvme_
     moto_s3.create_bucket()
     moto_s3.stop()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
+        [sys.executable, "-m", "lmcache_valkey", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
          "--nvme-dir", nvme_dir, "--nvme-budget-bytes", "1GiB", "--s3-bucket", moto_s3.bucket,
          "--s3-endpoint-url", moto_s3.url, "--admission", "always", "--set", "request_block_s=0.2",
          "--set", "s3_timeout_s=1", "--drain-timeout-s", "1"],
@@ -144,7 +144,7 @@ def test_tierd_without_the_s3_extra_names_it_and_exits_2(small_valkey, tmp_path)
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['aiobotocore'] = None\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url,
+    r = subprocess.run([sys.executable, "-m", "lmcache_valkey", "tierd", "--valkey-url", small_valkey.url,
                         "--s3-bucket", "kv-cold"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "pip install 'lmcache-valkey[s3]'" in r.stderr and "ModuleNotFoundError" not in r.stderr, r.stderr
@@ -178,7 +178,7 @@ def test_tierd_stopped_with_chunks_it_could_not_flush_exits_3(small_valkey, nvme
     moto_s3.create_bucket()
     moto_s3.stop()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmcache_valkey.cli", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
+        [sys.executable, "-m", "lmcache_valkey", "tierd", "--valkey-url", small_valkey.url, "--tenant", "t1",
          "--nvme-dir", nvme_dir, "--s3-bucket", moto_s3.bucket, "--s3-endpoint-url", moto_s3.url,
          "--admission", "always", "--set", "request_block_s=0.2", "--set", "s3_timeout_s=1",
          "--set", "s3_max_retries=20", "--drain-timeout-s", "1"],  # uploads wait, never given up
