@@ -80,3 +80,74 @@ def test_stop_ends_every_task_while_the_loop_still_runs():
     assert loop.is_closed()
     assert not unraisable, [str(u.exc_value) for u in unraisable]
     assert cleaned == ["called back"]  # the callback ran on the loop, before it closed
+
+
+def test_run_hands_back_results_errors_and_cancellation_across_loops():
+    """What the engine's loop awaits behaves as if the coroutine ran there: its value, its
+    exception (the same object), and a cancellation of the caller reaching the private task."""
+    lt = LoopThread()
+    private_saw: list[str] = []
+
+    async def fails():
+        raise KeyError("no such chunk")
+
+    async def waits():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            private_saw.append("cancelled")
+            raise
+
+    async def caller():
+        assert await lt.run(asyncio.sleep(0, result="value")) == "value"
+        try:
+            await lt.run(fails())
+        except KeyError as e:
+            assert e.args == ("no such chunk",)
+        else:
+            raise AssertionError("the private coroutine's error was not raised")
+        t = asyncio.ensure_future(lt.run(waits()))
+        await asyncio.sleep(0.1)
+        t.cancel()
+        try:
+            await t
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("cancelled, yet it returned")
+
+    try:
+        asyncio.run(caller())
+        lt.run_sync(asyncio.sleep(0), timeout=30)  # FIFO barrier: the cancel has been handled
+        assert private_saw == ["cancelled"]
+    finally:
+        lt.stop()
+
+
+def test_a_result_whose_caller_loop_has_closed_goes_to_the_orphan_handler():
+    """The engine's loop closed while a load was on its way: the result is released, not lost."""
+    import threading
+
+    lt = LoopThread()
+    released: list[str] = []
+    go = threading.Event()
+
+    async def slow():
+        await asyncio.get_running_loop().run_in_executor(None, go.wait, 30)
+        return "buffer"
+
+    async def caller():
+        asyncio.ensure_future(lt.run(slow(), on_orphan=released.append))
+        await asyncio.sleep(0.1)  # started on the private loop; then this loop ends
+
+    try:
+        caller_loop = asyncio.new_event_loop()
+        caller_loop.run_until_complete(caller())
+        caller_loop.close()
+        go.set()
+        deadline = time.monotonic() + 30
+        while not released and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert released == ["buffer"]
+    finally:
+        lt.stop()
