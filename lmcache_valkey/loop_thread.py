@@ -108,10 +108,16 @@ class LoopThread:
         try:
             return await done
         except asyncio.CancelledError:
-            try:
-                self.loop.call_soon_threadsafe(cancel_private)
-            except RuntimeError:  # the private loop closed meanwhile: its tasks are gone
-                pass
+            if done.done() and not done.cancelled():
+                # The outcome was handed over, but the caller was cancelled before it resumed
+                # (``done`` cannot be cancelled any more, so ``deliver`` did not orphan it).
+                if done.exception() is None and on_orphan is not None:
+                    on_orphan(done.result())
+            else:
+                try:
+                    self.loop.call_soon_threadsafe(cancel_private)
+                except RuntimeError:  # the private loop closed meanwhile: its tasks are gone
+                    pass
             raise
 
     def stop(self, timeout: float = 5.0) -> None:

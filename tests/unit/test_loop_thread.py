@@ -151,3 +151,36 @@ def test_a_result_whose_caller_loop_has_closed_goes_to_the_orphan_handler():
         assert released == ["buffer"]
     finally:
         lt.stop()
+
+
+def test_a_result_handed_over_just_as_the_caller_is_cancelled_goes_to_the_orphan_handler():
+    """The private task finished and its result reached the caller's loop, but the caller was
+    cancelled before it resumed (LMCache's timeout firing in that instant): the caller sees the
+    cancellation, so the result must be released, not dropped. The engine's loop is held busy
+    for a moment so that the hand-over and the cancel queue up back to back."""
+    lt = LoopThread()
+    released: list[str] = []
+
+    async def caller():
+        engine_loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+
+        async def load():
+            engine_loop.call_soon_threadsafe(time.sleep, 1.0)  # the engine's loop is busy
+            # runs after LoopThread's own completion callback: the cancel queues behind it
+            asyncio.current_task().add_done_callback(lambda _: engine_loop.call_soon_threadsafe(me.cancel))
+            await asyncio.sleep(0.05)
+            return "buffer"
+
+        try:
+            await lt.run(load(), on_orphan=released.append)
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "delivered"
+
+    try:
+        outcome = asyncio.run(caller())
+        assert (outcome, released) in (("cancelled", ["buffer"]), ("delivered", []))
+        assert outcome == "cancelled"  # (the ordering above makes it so; else this test checks nothing)
+    finally:
+        lt.stop()
