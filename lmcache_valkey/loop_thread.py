@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from typing import Any, Callable, Coroutine, TypeVar
 
 from .errors import DeadlineExceeded
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class LoopThread:
@@ -58,7 +60,9 @@ class LoopThread:
 
         If the caller is cancelled, the private task is cancelled too, and a result that was
         already on its way is handed to ``on_orphan`` (to release it) instead of being
-        dropped.
+        dropped. ``on_orphan`` runs on the caller's thread, or on the private loop's where the
+        caller's loop has closed: it must be thread-safe (LMCache's ``ref_count_down`` is).
+        An error it raises is logged, never raised in the caller's place.
 
         One call is two cross-thread wake-ups and little else: the private task's outcome
         is handed straight to a future of the caller's loop. (Through a
@@ -67,13 +71,26 @@ class LoopThread:
         CPU on the 2-core benchmark machine instead of ~100: a third of what a single
         LMCache get costs us beyond ``resp://``.)
         """
+        if not asyncio.iscoroutine(coro):  # (create_task would fail on the private loop, unheard)
+            raise TypeError(f"LoopThread.run needs a coroutine, not {type(coro).__name__}")
         caller = asyncio.get_running_loop()
         done: asyncio.Future[T] = caller.create_future()
         task: asyncio.Task[T] | None = None
+        # Set by the caller once it has given up (a plain flag: read on the private loop's
+        # thread). From then on the private side releases the result itself instead of
+        # handing it to a loop that may be shutting down and never run the hand-over.
+        gave_up = False
+
+        def release(value: T) -> None:
+            if on_orphan is not None:
+                try:
+                    on_orphan(value)
+                except Exception:
+                    log.exception("releasing a result its caller gave up on failed")
 
         def orphan(t: asyncio.Task[T]) -> None:
-            if not t.cancelled() and t.exception() is None and on_orphan is not None:
-                on_orphan(t.result())
+            if not t.cancelled() and t.exception() is None:
+                release(t.result())
 
         def deliver(t: asyncio.Task[T]) -> None:  # on the caller's loop
             if done.cancelled():  # the caller gave up: what was made goes to on_orphan
@@ -86,6 +103,9 @@ class LoopThread:
                 done.set_result(t.result())
 
         def finished(t: asyncio.Task[T]) -> None:  # on the private loop
+            if gave_up:
+                orphan(t)
+                return
             try:
                 caller.call_soon_threadsafe(deliver, t)
             except RuntimeError:  # the caller's loop is closed: nobody can take the result
@@ -108,11 +128,12 @@ class LoopThread:
         try:
             return await done
         except asyncio.CancelledError:
+            gave_up = True
             if done.done() and not done.cancelled():
                 # The outcome was handed over, but the caller was cancelled before it resumed
                 # (``done`` cannot be cancelled any more, so ``deliver`` did not orphan it).
-                if done.exception() is None and on_orphan is not None:
-                    on_orphan(done.result())
+                if done.exception() is None:
+                    release(done.result())
             else:
                 try:
                     self.loop.call_soon_threadsafe(cancel_private)

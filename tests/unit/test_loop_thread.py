@@ -184,3 +184,19 @@ def test_a_result_handed_over_just_as_the_caller_is_cancelled_goes_to_the_orphan
         assert outcome == "cancelled"  # (the ordering above makes it so; else this test checks nothing)
     finally:
         lt.stop()
+
+
+def test_run_refuses_what_is_not_a_coroutine_at_once():
+    """(Handed to the private loop, it would fail there and leave the caller waiting.)"""
+    import pytest
+
+    lt = LoopThread()
+
+    async def caller():
+        with pytest.raises(TypeError, match="needs a coroutine"):
+            await lt.run(asyncio.sleep)  # the function, not a call of it
+
+    try:
+        asyncio.run(caller())
+    finally:
+        lt.stop()
