@@ -88,9 +88,9 @@ class LoopThread:
                 except Exception:
                     log.exception("releasing a result its caller gave up on failed")
 
-        def orphan(t: asyncio.Task[T]) -> None:
-            if not t.cancelled() and t.exception() is None:
-                release(t.result())
+        def orphan(f: asyncio.Future[T]) -> None:  # the private task, or ``done``
+            if not f.cancelled() and f.exception() is None:
+                release(f.result())
 
         def deliver(t: asyncio.Task[T]) -> None:  # on the caller's loop
             if done.cancelled():  # the caller gave up: what was made goes to on_orphan
@@ -132,8 +132,7 @@ class LoopThread:
             if done.done() and not done.cancelled():
                 # The outcome was handed over, but the caller was cancelled before it resumed
                 # (``done`` cannot be cancelled any more, so ``deliver`` did not orphan it).
-                if done.exception() is None:
-                    release(done.result())
+                orphan(done)
             else:
                 try:
                     self.loop.call_soon_threadsafe(cancel_private)
