@@ -68,8 +68,7 @@ class LoopThread:
         is handed straight to a future of the caller's loop. (Through a
         ``concurrent.futures.Future`` chained to both loops and a shield, as
         ``run_coroutine_threadsafe`` and ``wrap_future`` do, a round trip took ~150 µs of
-        CPU on the 2-core benchmark machine instead of ~100: a third of what a single
-        LMCache get costs us beyond ``resp://``.)
+        CPU on the 2-core benchmark machine instead of ~100.)
         """
         if not asyncio.iscoroutine(coro):  # (create_task would fail on the private loop, unheard)
             raise TypeError(f"LoopThread.run needs a coroutine, not {type(coro).__name__}")
