@@ -30,6 +30,7 @@ from .vllm_server import VllmServer, lmcache_config
 SYSTEM = "You are the maintenance assistant of a pumping station. Answer from the manual below.\n"
 QUESTION_A = "\nQuestion: what torque does the pump coupling bolt take?\nAnswer:"
 QUESTION_B = "\nQuestion: how often is the inlet filter cleaned?\nAnswer:"
+WARM_UP = [5, 6, 7, 8]  # shorter than a chunk: LMCache stores nothing for it
 
 
 def prompt_ids(model: Path, prefix_tokens: int, question: str, manual_seed: int) -> tuple[list[int], int]:
@@ -79,6 +80,7 @@ def run_vllm_demo(args: argparse.Namespace, workdir: str) -> int:
             es.callback(s.stop)
             t0 = time.monotonic()
             s.start().wait_ready(args.worker_timeout)
+            s.complete(WARM_UP)  # a serving fleet's servers are warm: the first forward pass is not timed
             print(f"  {name} ready in {time.monotonic() - t0:.0f} s (pid {s.proc.pid if s.proc else '?'})",
                   flush=True)
             return s
