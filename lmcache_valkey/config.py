@@ -11,14 +11,17 @@ the expected form. Nothing downstream re-parses strings.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .errors import ConfigError
+from .errors import ConfigError, UnknownSetting
 from .keys import SEGMENT_RE
+
+log = logging.getLogger(__name__)
 
 PLUGIN_PREFIX = "remote_storage_plugin."
 # Keys LMCache itself reads from the same extra_config namespace.
@@ -224,11 +227,15 @@ def _as_file(key: str, v: Any) -> str:
 
 
 def _redact_url(url: object) -> object:
-    """The URL with any ``user:password@`` removed, for error messages and logs."""
-    if isinstance(url, str) and "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url
+    """The URL without its ``user:password@`` and without its query string (which may carry
+    ``password=`` or a misspelt key holding one), for error messages and logs."""
+    if not isinstance(url, str):
+        return url
+    scheme, sep, rest = url.rpartition("://") if "://" in url else ("", "", url)
+    if "@" in rest:  # a password may hold '@', '?' or '/': keep only what follows the last '@'
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    host, q, _ = rest.partition("?")
+    return f"{scheme}{sep}{host}" + ("?***" if q else "")
 
 
 def parse_url(url: str, key: str = "url") -> tuple[tuple[Node, ...], bool, int, dict[str, str], str | None, str | None]:
@@ -301,7 +308,8 @@ def _parse_url(scheme: str, rest: str, key: str) -> tuple[tuple[Node, ...], bool
         if not part:
             continue
         if not _HOSTS_RE.match(part):
-            raise ConfigError(key, "host:port (a name or address, and a port)", part)
+            # Not quoted: a part that is no host may be a password whose '@' was forgotten.
+            raise ConfigError(key, "host:port (a name or address, and a port; the part given is not one)")
         split = urlsplit("//" + part)
         try:
             port = 6379 if split.port is None else split.port
@@ -389,19 +397,40 @@ def _tenant_secret(merged: Mapping[str, Any], env: Mapping[str, str]) -> bytes |
     return None
 
 
+# Every LMCACHE_VALKEY_* variable the package reads (here, checksum.py, transport/fabric/_build.py,
+# integrations/lmcache/adapter.py). Another one set is most likely a typo of a secret's
+# variable ("LMCACHE_VALKEY_PASWORD"): said once, by name, never with its value.
+ENV_NAMES = frozenset({"LMCACHE_VALKEY_USERNAME", "LMCACHE_VALKEY_PASSWORD", "LMCACHE_VALKEY_PASSWORD_FILE",
+                       "LMCACHE_VALKEY_TENANT_SECRET", "LMCACHE_VALKEY_TENANT_SECRET_FILE", "LMCACHE_VALKEY_CRC32C",
+                       "LMCACHE_VALKEY_LIBFABRIC_PREFIX", "LMCACHE_VALKEY_PLUGIN_NAMES"})
+_ENV_WARNED: set[str] = set()
+
+
+def _warn_unknown_env(env: Mapping[str, str]) -> None:
+    for name in sorted(k for k in env if k.startswith("LMCACHE_VALKEY_") and k not in ENV_NAMES):
+        if name not in _ENV_WARNED:
+            _ENV_WARNED.add(name)
+            log.warning("environment variable %s is set but lmcache-valkey reads no such variable (a typo? it "
+                        "reads %s); its value is ignored", name, ", ".join(sorted(ENV_NAMES)))
+
+
 def _check_tenant(key: str, v: str) -> str:
     if not SEGMENT_RE.match(v):
         raise ConfigError(key, "1-64 characters of letters, digits, '_', '.', '-'", v)
     return v
 
 
+_QUERY_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
     """Validate a flat mapping of plugin keys (without the ``remote_storage_plugin.<name>.`` prefix)."""
     env = os.environ if env is None else env
+    _warn_unknown_env(env)
     unknown = sorted(k for k in raw if k not in KNOWN_KEYS and k not in LMCACHE_OWN_KEYS)
     if unknown:
-        # The value is not quoted: a misspelt secret key ("pasword") must not echo the secret.
-        raise ConfigError(unknown[0], "one of the known keys: " + ", ".join(sorted(KNOWN_KEYS)))
+        # (UnknownSetting quotes no value: a misspelt secret key, "pasword", holds the secret)
+        raise UnknownSetting(unknown[0], "one of the known keys: " + ", ".join(sorted(KNOWN_KEYS)))
     values: dict[str, Any] = {}
     url_user = url_pass = None
     tls_on = False
@@ -411,9 +440,11 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
         values.update(nodes=nodes, db=db)
         for qk, qv in query.items():  # explicit keys beat the URL's query string
             if qk not in KNOWN_KEYS or qk == "url":
-                if "@" in raw["url"]:  # the "key" may be part of a password with a '?' in it
+                # The "key" may be part of a password with a '?' in it (after an '@', or with the
+                # '@' forgotten): name only what looks like a key.
+                if "@" in raw["url"] or not _QUERY_KEY_RE.fullmatch(qk):
                     raise ConfigError("url", "known settings in the query string", _redact_url(raw["url"]))
-                raise ConfigError(f"url?{qk}", "a known setting in the query string", qv)
+                raise UnknownSetting(f"url?{qk}", "a known setting in the query string")
             merged.setdefault(qk, qv)
     for k, (name, parse) in _SIMPLE.items():
         if k in merged and merged[k] is not None:

@@ -58,7 +58,8 @@ class Doctor:
         connected = await self._connect()
         if connected:
             # modules first: whether the large-object commands exist decides the worker ACL line
-            for step in (self._server, self._memory, self._modules, self._acl, self._scope, self._secret):
+            for step in (self._server, self._memory, self._modules, self._fabric_peers, self._acl, self._scope,
+                         self._secret):
                 await self._guard(step)
         else:
             for name in ("server", "memory", "modules", "acl", "scope"):
@@ -300,6 +301,50 @@ class Doctor:
                      "valkey.conf, or the chart's valkey.module.enabled), or set transport: tcp")
         else:
             self.add("modules", OK, f"transport tcp; modules: {', '.join(names) or 'none'}")
+
+    async def _fabric_peers(self) -> None:
+        """Which mode the fabric endpoint runs in (our module's argument ``require_proof``):
+        from ``INFO lmcvblob`` where this user may ask, else from how the server answers a
+        HELLO without PROOF (the worker line allows HELLO, not INFO). The weak mode is a
+        warning: it is meant only for clients that cannot prove (docs/security.md)."""
+        if not self._module_loaded:
+            return
+        from .transport.fabric import commands
+
+        t = self.settings.op_timeout_s
+        try:
+            info = await self._info(commands.INFO_SECTION)
+        except (AuthError, ServerError):
+            info = {}
+        mode = info.get(f"{commands.INFO_SECTION}_peer_mode")
+        fix = ("drop `require_proof no` from the module's load line unless clients that cannot prove use this server "
+               "(other large-object clients); then confine the fabric network and keep tenants off "
+               "MONITOR/SLOWLOG/CLIENT (docs/security.md, Server module and fabric peers)")
+        if mode == commands.PEER_MODE_PROVEN:
+            self.add("fabric_peers", OK, "the fabric endpoint requires every session to prove the fabric address it "
+                                         "claims and moves bytes only inside the regions it declared (require_proof "
+                                         "yes, the default)")
+        elif mode == commands.PEER_MODE_UNPROVEN:
+            warning = info.get(f"{commands.INFO_SECTION}_peer_warning", "no address proof")
+            self.add("fabric_peers", WARN, f"the fabric endpoint runs with require_proof no: {warning}", fix)
+        else:
+            # A server that asks for no proof goes on to look at the (malformed) address; one
+            # that requires it refuses first, without touching its address table.
+            try:
+                await self._client.command(commands.HELLO, "00", timeout=t)
+                refusal = ""
+            except AuthError as e:
+                return self._refused("fabric_peers", e)
+            except ServerError as e:
+                refusal = e.message
+            if refusal.startswith("NOPROOF"):
+                self.add("fabric_peers", OK, f"the fabric endpoint refuses {commands.HELLO} without an address proof "
+                                             "(require_proof yes, the default)")
+            else:
+                self.add("fabric_peers", WARN, f"the fabric endpoint takes {commands.HELLO} without an address proof "
+                         "(an upstream large-object module, or ours with require_proof no): any client allowed BLOB.* "
+                         "can claim another worker's fabric address, and only the secrecy of its remote keys keeps "
+                         "others out of its registered memory", fix)
 
     async def _fabric(self) -> None:
         if self.settings.transport in ("tcp", "blob-tcp"):

@@ -8,6 +8,7 @@ that imports that library. A cache *miss* is never an exception: APIs return
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 
@@ -15,15 +16,43 @@ class LmcacheValkeyError(Exception):
     """Base class of every error this package raises."""
 
 
+# A key whose name says it holds a secret, or a file or variable holding one -- spelt right
+# or not quite ("password_file", "LMCACHE_VALKEY_PASSWORD", "url?passwrd", "tenant_secret").
+# What was given for it is never quoted: a password typed into the wrong key is a common slip.
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
 class ConfigError(LmcacheValkeyError, ValueError):
-    """A setting is missing, unknown or malformed. Raised at start-up only."""
+    """A setting is missing, unknown or malformed. Raised at start-up only.
+
+    The one place that decides which given values an error may quote (its message, ``got``,
+    every log line and ``--json`` field made from it): none for a key whose name says secret
+    (``_SECRET_KEY``), and none for a key nobody knows (:class:`UnknownSetting`), which may
+    be a misspelt secret key. Values that hold a URL are redacted by whoever quotes them
+    (``config._redact_url``)."""
 
     def __init__(self, key: str, expected: str, got: object = None) -> None:
+        if got is not None and _SECRET_KEY.search(key) and not (isinstance(got, str) and got.startswith(REDACTED[:-1])):
+            got = REDACTED
         self.key = key
         self.expected = expected
         self.got = got
         shown = "" if got is None else f", got {got!r}"
         super().__init__(f"invalid setting {key!r}: expected {expected}{shown}")
+
+    def renamed(self, key: str) -> "ConfigError":
+        """The same refusal naming ``key`` (with the prefix or flag the user wrote): same
+        class, so an unknown key's value stays unquoted."""
+        return type(self)(key, self.expected, self.got)
+
+
+class UnknownSetting(ConfigError):
+    """A key that no settings table knows. Never quotes what was given for it: a misspelt
+    ``password`` ("passwrd", "pasword", ``url?passwrd=...``) holds the password."""
+
+    def __init__(self, key: str, expected: str, got: object = None) -> None:
+        super().__init__(key, expected)  # got: dropped, whatever it was
 
 
 class TransportError(LmcacheValkeyError):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from .config import KNOWN_KEYS as CORE_KEYS
 from .config import LMCACHE_OWN_KEYS, PLUGIN_PREFIX, Settings, settings_from_mapping
-from .errors import ConfigError
+from .errors import ConfigError, UnknownSetting
 from .tiering.settings import KNOWN_KEYS as TIERING_KEYS
 from .tiering.settings import TieringSettings, split_tiering_keys, tiering_settings_from_mapping
 
@@ -34,14 +34,14 @@ def load_settings(
     (default ``os.environ``)."""
     unknown = sorted(k for k in raw if k not in CORE_KEYS and k not in TIERING_KEYS and k not in LMCACHE_OWN_KEYS)
     if unknown:
-        # The value is not quoted: a misspelt secret key ("pasword") must not echo the secret.
-        raise ConfigError(key_prefix + unknown[0], "one of the known keys: "
+        # (UnknownSetting quotes no value: a misspelt secret key, "pasword", holds the secret)
+        raise UnknownSetting(key_prefix + unknown[0], "one of the known keys: "
                           + ", ".join(sorted(CORE_KEYS)) + "; tiering: " + ", ".join(sorted(TIERING_KEYS)))
     tier_raw, core_raw = split_tiering_keys(raw)
     try:
         settings = settings_from_mapping(core_raw, env=env)
     except ConfigError as e:
-        raise ConfigError(key_prefix + e.key, e.expected, e.got) from None
+        raise e.renamed(key_prefix + e.key) from None
     return settings, tiering_settings_from_mapping(tier_raw, key_prefix=key_prefix)
 
 

@@ -48,4 +48,12 @@
 #define LMCV_OPT_PROOF "PROOF"
 #define LMCV_OPT_REGION "REGION"
 
+/* INFO lmcvblob's peer_mode: which mode the server runs in (module argument require_proof,
+ * docs/security.md); doctor reads it. The weak mode also reports peer_warning. */
+#define LMCV_PEER_MODE_PROVEN "proven"
+#define LMCV_PEER_MODE_UNPROVEN "unproven"
+#define LMCV_PEER_WARNING                                                                          \
+    "any client allowed BLOB.* can claim another client's fabric address and with its remote key " \
+    "read and write its registered memory; meant only for clients that cannot prove"
+
 #endif

@@ -48,12 +48,16 @@ static struct {
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
     unsigned long long proofs_ok, proofs_failed, outside_regions, evicted;
     int evict;         /* arena_eviction lru (1) | none (0): docs/fabric-keyspace.md */
-    int require_proof; /* refuse HELLO without PROOF (docs/security.md) */
+    /* 1 (the default): refuse HELLO without PROOF, and a session moves bytes only inside
+     * the regions it declared. 0 (`require_proof no`, for clients that cannot prove, e.g.
+     * other large-object clients): any client may claim any fabric address, and a session
+     * that declared no region reaches anything its peer registered (docs/security.md). */
+    int require_proof;
     int extensions;    /* 0: the upstream dialect only (HELLO takes exactly the address) */
     /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
      * for the main thread to run the reply callback (both summed, in microseconds). */
     unsigned long long fabric_usec, unblock_usec;
-} G = {.extensions = 1, .evict = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
+} G = {.require_proof = 1, .extensions = 1, .evict = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
        .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
 static blob *blob_new(uint64_t len) {
@@ -628,6 +632,7 @@ static int do_hello(RMCtx *ctx, RMString **argv, int argc, dialect d) {
     if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); return reply_err(ctx, d, E_OOM, 0, 0); }
     memcpy(s->regions, regions, sizeof(regions[0]) * (size_t)nregions);
     s->nregions = nregions;
+    s->unconfined = nregions == 0 && !G.require_proof; /* the upstream dialect declares none */
     if (!proof) return reply_server_addresses(ctx);
     s->state = LMCV_SESSION_PENDING;
     memcpy(s->nonce, nonce, sizeof(nonce));
@@ -873,6 +878,9 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "misses", G.misses);
     RM_InfoAddFieldULongLong(ctx, "refused", G.refused);
     RM_InfoAddFieldULongLong(ctx, "require_proof", (unsigned long long)G.require_proof);
+    /* Which mode, in words (doctor reads it): the weak one says what it leaves open. */
+    RM_InfoAddFieldCString(ctx, "peer_mode", G.require_proof ? LMCV_PEER_MODE_PROVEN : LMCV_PEER_MODE_UNPROVEN);
+    if (!G.require_proof) RM_InfoAddFieldCString(ctx, "peer_warning", LMCV_PEER_WARNING);
     RM_InfoAddFieldULongLong(ctx, "extensions", (unsigned long long)G.extensions);
     RM_InfoAddFieldULongLong(ctx, "proofs_ok", G.proofs_ok);
     RM_InfoAddFieldULongLong(ctx, "proofs_failed", G.proofs_failed);
@@ -1003,9 +1011,12 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
     if (rm_api_init(ctx, LMCV_MODULE_NAME, LMCV_MODULE_VERSION) != RM_OK) return RM_ERR;
     if (parse_module_args(ctx, argv, argc)) return RM_ERR;
     if (G.require_proof && !G.extensions) {
-        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: require_proof yes needs extensions yes");
+        /* The upstream dialect has no PROOF: say so rather than weaken the default quietly. */
+        RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: extensions no speaks only the upstream dialect, whose clients "
+                                    "cannot prove their fabric address: add require_proof no (docs/security.md)");
         return RM_ERR;
     }
+    if (!G.require_proof) RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: require_proof no: %s", LMCV_PEER_WARNING);
     RMTypeMethods tm = {.version = RM_TYPE_METHOD_VERSION, .rdb_load = type_rdb_load, .rdb_save = type_rdb_save,
                         .aof_rewrite = type_aof_rewrite, .mem_usage = type_mem_usage, .free = type_free};
     RMType *type = RM_CreateDataType(ctx, LMCV_TYPE_NAME, LMCV_TYPE_ENCVER, &tm);

@@ -37,7 +37,7 @@ void lmcv_session_remove(lmcv_session *s) {
 size_t lmcv_session_count(void) { return count; }
 
 int lmcv_session_covers(const lmcv_session *s, const lmcv_seg *segs, int nsegs) {
-    if (s->nregions == 0) return 1;
+    if (s->nregions == 0) return s->unconfined;
     for (int i = 0; i < nsegs; i++) {
         const lmcv_seg *g = &segs[i];
         int inside = 0;

@@ -26,7 +26,10 @@ typedef struct {
     uint64_t peer;
     int state;
     unsigned char nonce[LMCV_NONCE_BYTES];
-    int nregions; /* 0: none declared, any triple goes (the upstream dialect) */
+    int nregions; /* 0: none declared: no triple goes, unless unconfined */
+    /* 1 only for a session without regions on a `require_proof no` server: the upstream
+     * dialect, whose clients cannot declare regions, so any triple goes (docs/security.md). */
+    int unconfined;
     lmcv_region regions[LMCV_MAX_REGIONS];
 } lmcv_session;
 
@@ -36,7 +39,8 @@ lmcv_session *lmcv_session_find(unsigned long long client_id);
 lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer);
 void lmcv_session_remove(lmcv_session *s);
 size_t lmcv_session_count(void);
-/* 1 when every segment lies inside one declared region with its key, or none are declared. */
+/* 1 when every segment lies inside one declared region with its key (or the session is
+ * unconfined); a session that declared none covers nothing. */
 int lmcv_session_covers(const lmcv_session *s, const lmcv_seg *segs, int nsegs);
 /* Compares the bytes read back with the nonce (constant time) and moves PROVING to ACTIVE
  * or FAILED; 1 when proven. */

@@ -23,7 +23,7 @@ from ..config import (
     parse_seconds,
     parse_size,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, UnknownSetting
 
 MODES = ("off", "embedded", "service")
 ADMISSIONS = ("always", "second_touch", "frequency")
@@ -173,11 +173,11 @@ def tiering_settings_from_mapping(raw: Mapping[str, Any], *, key_prefix: str = "
     values: dict[str, Any] = {}
     for k, v in raw.items():
         if k not in _PARSERS:
-            raise ConfigError(key_prefix + k, "one of the tiering keys: " + ", ".join(sorted(KNOWN_KEYS)), v)
+            raise UnknownSetting(key_prefix + k, "one of the tiering keys: " + ", ".join(sorted(KNOWN_KEYS)))
         try:
             values[_FIELD.get(k, k)] = _PARSERS[k](k, v)
         except ConfigError as e:
-            raise ConfigError(key_prefix + e.key, e.expected, e.got) from None
+            raise e.renamed(key_prefix + e.key) from None
     s = TieringSettings(**values)
     if s.demote_low_watermark >= s.demote_high_watermark:
         raise ConfigError(key_prefix + "demote_low_watermark", f"below demote_high_watermark ({s.demote_high_watermark})", s.demote_low_watermark)

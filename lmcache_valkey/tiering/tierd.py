@@ -78,7 +78,8 @@ def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, Tierin
     for kv in args.set:
         k, eq, v = kv.partition("=")
         if not eq or not k.strip():
-            raise ConfigError("--set", "KEY=VALUE (e.g. --set demote_idle_s=600)", kv)
+            # (not quoted: "--set password:S3CRET" is a slip that holds the secret)
+            raise ConfigError("--set", "KEY=VALUE (e.g. --set demote_idle_s=600)")
         raw[k.strip()] = v.strip()
         named[k.strip()] = f"--set {k.strip()}"
     try:
@@ -86,7 +87,7 @@ def settings_from_tierd_args(args: argparse.Namespace) -> tuple[Settings, Tierin
     except ConfigError as e:
         key, _, rest = e.key.partition("?")  # url?<key>: a setting in the URL's query string
         where = named.get(key, key) + (f" (?{rest})" if rest else "")
-        raise ConfigError(where, e.expected, e.got) from None
+        raise e.renamed(where) from None
     if ts.nvme_dir is None and ts.s3_bucket is None:
         raise ConfigError("--nvme-dir", "--nvme-dir and/or --s3-bucket (tierd needs a tier to manage)")
     return settings, ts

@@ -226,6 +226,16 @@ def test_full_values_shape():
     assert {6379, 16379, 9400, 30000} <= set(ports)
 
 
+@pytest.mark.parametrize("require_proof, word", [(True, "yes"), (False, "no")])
+def test_the_module_is_told_its_peer_mode_either_way(require_proof, word):
+    """requireProof is passed as require_proof yes or no: false must reach the module as an
+    explicit "no" (its own default is yes), never as a missing argument."""
+    values = {"valkey": {"module": {"enabled": True, "requireProof": require_proof}}}
+    (sts,) = _kind(_docs(_render(values)), "StatefulSet")
+    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert f"require_proof {word}" in env["MODULE_ARGS"], env["MODULE_ARGS"]
+
+
 def test_hostpath_nvme_and_module_from_image():
     docs = _docs(_render(_load_values(CHART / "ci" / "hostpath-values.yaml")))
     (sts,) = _kind(docs, "StatefulSet")

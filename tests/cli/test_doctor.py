@@ -107,10 +107,38 @@ def test_the_chosen_transport_dialect_and_provider_are_reported():
 
 
 def test_a_large_object_server_without_our_extensions_is_a_stated_risk():
-    with _module_server("extensions", "no") as s:
+    with _module_server("extensions", "no", "require_proof", "no") as s:
         code, checks = doctor("--url", s.url, "--transport", "fabric")
     t = checks["transport"]
     assert t["status"] == "warn" and "remote keys" in t["detail"] and "require_proof" in t["fix"], t
+
+
+def test_the_fabric_peer_mode_is_reported_and_the_weak_one_warned(tmp_path):
+    """The module's default (an address proof required) passes; `require_proof no` is a
+    warning that says what it leaves open -- seen by an operator (INFO) and by a user on the
+    worker line (no INFO: the doctor asks HELLO instead)."""
+    from support.acl_lines import setuser
+
+    from lmcache_valkey import acl
+
+    pw = tmp_path / "pw"
+    pw.write_text("pw")
+    for extra, status in (((), "ok"), (("require_proof", "no"), "warn")):
+        with _module_server(*extra) as s:
+            setuser(s, acl.worker_line("w", "team-a", fabric=True, password="pw"), "pw", name="w")
+            _, admin = doctor("--url", s.url, "--transport", "tcp")
+            _, worker = doctor("--url", s.url, "--transport", "tcp", "--username", "w", "--password-file", str(pw),
+                               "--tenant", "team-a")
+        for checks in (admin, worker):
+            peers = checks["fabric_peers"]
+            assert peers["status"] == status, (extra, checks)
+            if status == "warn":
+                assert "fabric address" in peers["detail"] and "require_proof no" in peers["fix"], peers
+            else:
+                assert "require_proof yes" in peers["detail"], peers
+        # the worker line has no INFO: its answer came from the HELLO probe
+        assert "BLOB.RDMA_HELLO" in worker["fabric_peers"]["detail"]
+        assert "BLOB.RDMA_HELLO" not in admin["fabric_peers"]["detail"]
 
 
 def test_under_auto_the_worker_line_names_the_large_object_commands_where_the_module_answers(valkey_server, tmp_path):

@@ -9,10 +9,13 @@ they stall (without it, the server cannot even connect and posts nothing)."""
 import os
 import signal
 import sys
+from pathlib import Path
 
 import valkey
 
-from lmcache_valkey.transport.fabric import FabricEndpoint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
+from lmcache_valkey.transport.fabric import FabricEndpoint  # noqa: E402
+from support.fabric_peer import proven_hello  # noqa: E402
 
 port, size, timeout_ms = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 warm = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "warm" else None
@@ -20,7 +23,7 @@ ep = FabricEndpoint("tcp;ofi_rxm")
 buf = bytearray(size)
 region = ep.register_buffer(buf)
 c = valkey.Valkey(port=port, single_connection_client=True)
-c.execute_command("BLOB.RDMA_HELLO", ep.name.hex())
+proven_hello(c, ep, region, buf)  # the server requires it (require_proof yes, the default)
 if warm is not None:
     c.execute_command("BLOB.RDMA_GET", warm, region.key, region.remote_addr(region.addr), size)
 conn = c.connection

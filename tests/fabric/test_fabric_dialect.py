@@ -46,6 +46,9 @@ def test_command_names_agree():
         assert d[f"LMCV_OPT_{opt}"] == getattr(commands, f"OPT_{opt}")
     assert (d["LMCV_INFO_LEN"], d["LMCV_INFO_CRC"], d["LMCV_INFO_TIER"]) == commands.INFO_FIELDS
     assert d["LMCV_ACL_CATEGORY"] == commands.ACL_CATEGORY
+    assert d["LMCV_MODULE_NAME"] == commands.INFO_SECTION
+    assert (d["LMCV_PEER_MODE_PROVEN"], d["LMCV_PEER_MODE_UNPROVEN"]) == (commands.PEER_MODE_PROVEN,
+                                                                         commands.PEER_MODE_UNPROVEN)
 
 
 EXPECTED = {

@@ -25,6 +25,7 @@ from lmcache_valkey.transport.fabric import (
 
 MiB = 1 << 20
 GUARD = 0xA5
+WEAK = ("require_proof", "no")  # what the provider does with a bad triple: no region check in the way
 
 
 def _guarded_arena(t: FabricTransport, size: int):
@@ -51,7 +52,8 @@ def _untouched(mv: memoryview, start: int, end: int) -> bool:
 async def _upstream_style_command(srv, t: FabricTransport, *args, timeout: float = 2):
     """Sends one command on a connection with a plain HELLO (the upstream dialect: no
     declared regions, so the server's region check does not stand between a triple and the
-    provider) bound to the transport's own fabric address."""
+    provider) bound to the transport's own fabric address. Needs a server in the weak mode
+    (``require_proof no``, WEAK): the only one where such a session moves bytes."""
     def run():
         with socket.create_connection(("127.0.0.1", srv.port), timeout=timeout + 5) as sock:
             replies = []
@@ -68,7 +70,7 @@ async def _upstream_style_command(srv, t: FabricTransport, *args, timeout: float
 
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
 async def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, provider):
-    srv = start_server(provider)
+    srv = start_server(provider, extra=WEAK)
     srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(MiB))
 
     async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:
@@ -97,7 +99,7 @@ async def test_wrong_rkey_is_a_transfer_error_and_writes_nothing(start_server, p
 
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "sockets", "shm"])
 async def test_window_past_the_registered_region_is_refused_by_the_provider(start_server, provider):
-    srv = start_server(provider)
+    srv = start_server(provider, extra=WEAK)
     srv.client().execute_command("BLOB.TCP_SET", b"k", os.urandom(2 * MiB))
 
     async with FabricTransport("127.0.0.1", srv.port, provider=provider) as t:

@@ -42,9 +42,11 @@ def test_remote_keys_are_not_guessable():
 
 
 async def test_guessed_keys_at_a_victims_address_write_nothing(start_server):
-    """The upstream dialect (plain HELLO, any claimed address) is all an attacker needs
-    here: what keeps the victim's memory out of reach is that its keys cannot be guessed."""
-    srv = start_server("tcp;ofi_rxm")
+    """In the weak mode (``require_proof no``) the upstream dialect (plain HELLO, any claimed
+    address, no regions) is all an attacker needs: what keeps the victim's memory out of
+    reach there is that its keys cannot be guessed. (On defaults HELLO is refused at once:
+    test_fabric_secure_defaults.py.)"""
+    srv = start_server("tcp;ofi_rxm", extra=("require_proof", "no"))
     srv.client().execute_command(commands.TCP_SET, b"attacker-data", os.urandom(64 * 1024))
 
     async with FabricTransport("127.0.0.1", srv.port) as victim:
@@ -77,7 +79,8 @@ async def test_a_session_must_prove_the_address_it_claims(start_server):
         a = _attacker(srv)
         with pytest.raises(valkey.ResponseError, match="NOPROOF"):
             a.execute_command(commands.HELLO, victim.endpoint.name.hex())  # no proof offered
-        reply = a.execute_command(commands.HELLO, victim.endpoint.name.hex(), commands.OPT_PROOF)
+        # (it declares the victim's buffer as its region: a session without one proves nothing)
+        reply = a.execute_command(*commands.hello(victim.endpoint.name, True, [(key, addr, MiB)]))
         _, nonce = commands.parse_hello_reply(reply, proof=True)
         with pytest.raises(valkey.ResponseError, match="NOPROOF"):
             await asyncio.to_thread(a.execute_command, commands.PROVE, key, addr)  # nonce is not there
@@ -135,7 +138,8 @@ def test_remote_keys_and_addresses_stay_out_of_slowlog_and_monitor(start_server)
 
 
 async def test_against_a_server_without_the_extensions_the_client_works_and_says_so(start_server):
-    srv = start_server("tcp;ofi_rxm", extra=("extensions", "no"))
+    # The upstream dialect alone: its clients cannot prove, so the weak mode is said out loud.
+    srv = start_server("tcp;ofi_rxm", extra=("extensions", "no", "require_proof", "no"))
     value = os.urandom(2 * MiB)
 
     async with FabricTransport("127.0.0.1", srv.port, bulk_fallback=False) as t:

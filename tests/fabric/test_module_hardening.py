@@ -14,6 +14,7 @@ import valkey
 
 from lmcache_valkey.codec import crc32c
 from lmcache_valkey.transport.fabric import FabricEndpoint, commands
+from support.fabric_peer import proven_hello
 
 import dumphelp as d
 
@@ -175,7 +176,8 @@ def test_hostile_arguments_to_every_command_get_replies_not_crashes(start_server
     ep = FabricEndpoint("tcp;ofi_rxm") if with_session else None
     try:
         if ep is not None:
-            c.execute_command(commands.HELLO, ep.name.hex())
+            buf = bytearray(4096)
+            proven_hello(c, ep, ep.register_buffer(buf), buf)
         for args in _argument_variants():
             try:
                 c.execute_command(*args)
@@ -200,13 +202,14 @@ def test_hello_refuses_addresses_that_are_not_the_providers_form(start_server):
             "other family": bytes([0xFF, 0xFF]) + good[2:],
             "empty": b"",
         }
+        # (with PROOF, which the server requires: the address is what it refuses)
         for label, addr in bad.items():
             c = srv.client()
             with pytest.raises(valkey.ResponseError):
-                c.execute_command(commands.HELLO, addr.hex())
+                c.execute_command(*commands.hello(addr, True))
             c.close()
         c = srv.client()
-        assert c.execute_command(commands.HELLO, good.hex())
+        assert c.execute_command(*commands.hello(good, True))
         c.close()
     finally:
         ep.close()
@@ -219,7 +222,7 @@ def test_transfers_are_refused_inside_transactions_and_scripts(start_server):
     with FabricEndpoint("tcp;ofi_rxm") as ep:
         buf = bytearray(4096)
         region = ep.register_buffer(buf)
-        c.execute_command(commands.HELLO, ep.name.hex())
+        proven_hello(c, ep, region, buf)
         triple = [region.key, region.remote_addr(region.addr), 4096]
         pipe = c.pipeline(transaction=True)
         pipe.execute_command(commands.RDMA_GET, "k", *triple)

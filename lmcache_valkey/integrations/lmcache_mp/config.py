@@ -50,7 +50,7 @@ class LmcvL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LmcvL2AdapterConfig":
         if not isinstance(d, Mapping):
-            raise ConfigError("adapter_params", "a JSON object of settings", d)
+            raise ConfigError("adapter_params", "a JSON object of settings", type(d).__name__)  # d may hold a password
         raw = {k: v for k, v in d.items() if k != "type"}
         mp = {k: raw.pop(k) for k in MP_KEYS if k in raw}
         settings, tiering = load_settings(raw, key_prefix=KEY_PREFIX)

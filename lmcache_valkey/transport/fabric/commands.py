@@ -41,6 +41,11 @@ OPT_PARTIAL = "PARTIAL"
 OPT_PROOF = "PROOF"
 OPT_REGION = "REGION"
 INFO_FIELDS = ("LEN", "CRC", "TIER")
+# Our module's INFO section (``INFO lmcvblob``): which mode it runs in (module argument
+# ``require_proof``; docs/security.md). "unproven" comes with a ``peer_warning`` field.
+INFO_SECTION = "lmcvblob"
+PEER_MODE_PROVEN = "proven"
+PEER_MODE_UNPROVEN = "unproven"
 
 NONCE_BYTES = 16
 MAX_REGIONS = 32

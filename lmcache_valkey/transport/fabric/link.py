@@ -179,7 +179,12 @@ class FabricLink:
     def _declared_regions(self) -> list[commands.Triple]:
         regions = self.endpoint.regions()
         if len(regions) > commands.MAX_REGIONS:
-            return []  # more than the server tracks: declare none (triples are not confined)
+            # More than the server tracks: declare none. A server on its default (require_proof
+            # yes) then refuses the session (even its proof lies in no declared region: BADREGION);
+            # one with require_proof no does not confine its triples.
+            log.warning("fabric: %d registered regions, more than the %d a session can declare: "
+                        "the server confines this session to none", len(regions), commands.MAX_REGIONS)
+            return []
         return [(r.key, r.remote_addr(r.addr), r.length) for r in regions]
 
     # -- the handshake of each control connection ---------------------------------------
