@@ -17,35 +17,33 @@ import ctypes
 import logging
 import queue
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable
 
-from vllm.v1.kv_offload.base import (
+from ... import metrics
+from ...session import StoreSession, namespace_for
+from ...store import ChunkRef
+from .compat import (
+    CacheHitSource,
     ConfigInfoMapping,
+    JobResult,
     Locality,
     LookupResult,
     Medium,
+    OffloadingConnectorStats,
     OffloadingEvent,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    SecondaryTierManager,
+    TransferJob,
+    job_result,
 )
-from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
-
-from ... import metrics
-from ...session import StoreSession, namespace_for
-from ...store import ChunkRef
 from .jobs import JobRunner
 from .lookups import LookupBook
 from .settings import TierSettings, namespace_fields, parse_tier_settings
 from .stats import TierStats, definitions
-
-if TYPE_CHECKING:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-    from vllm.v1.kv_offload.base import OffloadingSpec
-    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +67,10 @@ class ValkeySecondaryTier(SecondaryTierManager):
 
     def __init__(
         self,
-        offloading_spec: "OffloadingSpec",
+        offloading_spec: Any,  # vLLM's OffloadingSpec
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: "BackpressureDetector | None" = None,
+        backpressure_detector: Any = None,  # vLLM's BackpressureDetector
         **tier_config: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -202,14 +200,14 @@ class ValkeySecondaryTier(SecondaryTierManager):
                 # so the scheduler recomputes it instead of promoting it again and again.
                 self._book.mark([bytes(k) for k in bad], False)
                 successful: tuple[OffloadKey, ...] | None = tuple(good) if bad and good else None
-                results.append(JobResult(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes))
+                results.append(job_result(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes))
             else:
                 self._book.mark([bytes(k) for k in good], True)
                 stored = [k for k, o, s in zip(keys, ok, sent) if o and s]
                 if self._events is not None and stored:
                     self._events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False,
                                                         locality=self.locality))
-                results.append(JobResult(outcome.job_id, not bad, None, outcome.seconds, outcome.nbytes))
+                results.append(job_result(outcome.job_id, not bad, None, outcome.seconds, outcome.nbytes))
         return results
 
     def has_pending_work(self) -> bool:
@@ -253,10 +251,11 @@ class ValkeySecondaryTier(SecondaryTierManager):
                 "docs/metrics.md)")
         return definitions()
 
-    def get_stats(self) -> "OffloadingConnectorStats | None":
+    def get_stats(self) -> OffloadingConnectorStats | None:
         self._apply_answers()
         return self._stats.take()
 
+    # vllm:kv_offload_config_info's labels (vLLM 0.33+; 0.32 never calls these).
     @classmethod
     def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
         return ("valkey_url", "valkey_tenant", "valkey_namespace", "valkey_transport")
