@@ -55,3 +55,12 @@ def test_job_results_carry_a_deferred_release_only_where_vllm_has_one() -> None:
         with pytest.raises(RuntimeError, match=compat.VLLM_VERSION):
             compat.job_result(2, False, None, 0.1, 0, deferred_release=event)
 
+
+def test_the_tier_defers_releases_exactly_where_vllm_can_hold_chunks(valkey_server) -> None:
+    from vllmhelp import Harness
+
+    h = Harness(valkey_server.url)
+    try:
+        assert h.tier._jobs.defer_release is compat.DEFERRED_RELEASE
+    finally:
+        h.close()

@@ -23,6 +23,7 @@ from ... import metrics
 from ...session import StoreSession, namespace_for
 from ...store import ChunkRef
 from .compat import (
+    DEFERRED_RELEASE,
     CacheHitSource,
     ConfigInfoMapping,
     JobResult,
@@ -91,7 +92,9 @@ class ValkeySecondaryTier(SecondaryTierManager):
             log.error("lmcache-valkey vLLM tier %r could not start (%s): %s", tier_type,
                       self.settings.store.url_for_humans, e)
             raise
-        self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes)
+        # vLLM 0.34+: a failed load is reported at once, its slots held by vLLM until our I/O is
+        # over (JobResult.deferred_release); before, it is reported only then (jobs.py).
+        self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes, defer_release=DEFERRED_RELEASE)
         self._book = LookupBook()
         # Answers of batched existence checks, from the I/O loop to the scheduler thread.
         self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], float]] = queue.SimpleQueue()
@@ -200,7 +203,9 @@ class ValkeySecondaryTier(SecondaryTierManager):
                 # so the scheduler recomputes it instead of promoting it again and again.
                 self._book.mark([bytes(k) for k in bad], False)
                 successful: tuple[OffloadKey, ...] | None = tuple(good) if bad and good else None
-                results.append(job_result(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes))
+                # Only a failed load carries a hold still open (vLLM 0.34+; None otherwise).
+                results.append(job_result(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes,
+                                          deferred_release=outcome.released if bad else None))
             else:
                 self._book.mark([bytes(k) for k in good], True)
                 stored = [k for k, o, s in zip(keys, ok, sent) if o and s]
@@ -214,7 +219,9 @@ class ValkeySecondaryTier(SecondaryTierManager):
         return self._jobs.pending() > 0 or self._book.in_flight() > 0
 
     def drain_jobs(self) -> None:
-        """Block until every submitted job has finished; never cuts a transfer short."""
+        """Block until every submitted job has finished and no I/O can touch a slot of any
+        job reported (so every ``deferred_release`` handed to vLLM is set); never cuts a
+        transfer short. Bounded by the store's deadlines and the fabric's revocation."""
         self._jobs.drain()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -231,6 +238,7 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._closed = True
         self._jobs.close(self.settings.shutdown_timeout_s)
         self._session.close(timeout=5.0)
+        self._jobs.release_all()  # the store is closed: nothing can touch the primary region
         self._flat.release()
 
     # ---------------------------------------------------------------- metrics
