@@ -1,4 +1,4 @@
-"""The kv_transfer_config a user copies (configs/vllm-tier.json, the README) is one vLLM 0.33
+"""The kv_transfer_config a user copies (configs/vllm-tier.json, the README) is one vLLM
 accepts, names our tier the way vLLM loads it, and starts a working tier; a bad key stops
 the start naming it."""
 

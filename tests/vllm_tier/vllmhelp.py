@@ -1,4 +1,4 @@
-"""The scheduler side of vLLM 0.33's OffloadingConnector, built from vLLM's own classes.
+"""The scheduler side of vLLM's OffloadingConnector (0.32 to 0.34), built from vLLM's own classes.
 
 ``Engine`` is what one vLLM server's scheduler holds: ``TieringOffloadingSpec(...)
 .get_manager()`` — the real ``TieringOffloadingManager`` with its CPU primary tier in
