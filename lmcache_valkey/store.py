@@ -762,8 +762,11 @@ class _Releases:
     def __init__(self, n: int, on_release: Callable[[int], None] | None, by_transport: bool) -> None:
         self.on_release = on_release
         self.by_transport = by_transport and on_release is not None
-        # RESP (no callbacks): a buffer is free as soon as the call returned or raised.
-        self.free = [not self.by_transport] * n
+        # Free until a transfer targets it (``transfer_over_callback``); with RESP (no
+        # callbacks) that never happens: a buffer is free once the call returned or raised.
+        # (An item no transfer ever took, e.g. past the deadline before the first round, is
+        # handed back at ``settle`` instead of never.)
+        self.free = [True] * n
         self.miss: list[bool | None] = [None] * n  # None: not decided yet
         self.done = [False] * n
 

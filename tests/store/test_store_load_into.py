@@ -51,3 +51,18 @@ async def test_load_into_returns_only_after_every_missed_buffer_is_released() ->
     await asyncio.sleep(0.3)
     await store.close()
 
+
+
+async def test_load_into_returns_when_no_transfer_ever_took_a_buffer() -> None:
+    """Past the deadline before the first round, no transfer targets any buffer: each is
+    handed back at once (it used to wait for a release no transport would ever send)."""
+    transport = LateReleaseTransport(delay=0.2)
+    store = ChunkStore(Settings(op_timeout_s=0.0), NS, transport, transport_name="fabric")
+    refs = [ChunkRef(NS.chunk_id(f"k{i}"), f"k{i}") for i in range(2)]
+    released = []
+    results = await asyncio.wait_for(
+        store.load_into([(r, memoryview(bytearray(16))) for r in refs]), timeout=10)
+    assert results == [None, None] and transport.released_at == []
+    await store.get_many_into([(refs[0], memoryview(bytearray(16)))], on_release=released.append)
+    assert released == [0]
+    await store.close()

@@ -8,9 +8,9 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "lmcache_valkey"
 # third-party top-level module -> the only places allowed to import it
 FENCES = {
     "lmcache": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/vllm_cpu/"),
-    # Only the vLLM tier's two edge modules; its settings, lookup book and job runner stay
-    # importable without vLLM.
-    "vllm": ("integrations/vllm/tier.py", "integrations/vllm/stats.py"),
+    # Only the vLLM tier's version shim (every vLLM name and every release's difference);
+    # its settings, lookup book and job runner stay importable without vLLM.
+    "vllm": ("integrations/vllm/compat.py",),
     # Only the SGLang backend's two edge modules; its settings and page math need no SGLang.
     "sglang": ("integrations/sglang/backend.py", "integrations/sglang/stats.py"),
     "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/sglang/", "integrations/vllm_cpu/",

@@ -1,5 +1,6 @@
-"""Fixtures for the vLLM tier tests. They run in .venv-vllm (``bash scripts/test.sh --env
-vllm``; scripts/envs/vllm.sh installs vLLM 0.33.0 there); ``scripts/test.sh`` leaves them out
+"""Fixtures for the vLLM tier tests. They run in .venv-vllm (vLLM 0.33.0, ``bash
+scripts/test.sh --env vllm``) and .venv-vllm034 (vLLM 0.34.0, ``--env vllm034``), scripts/envs/;
+``scripts/test.sh`` leaves them out
 of the main environment, and so does a bare ``pytest tests`` there, which has no vLLM."""
 
 from __future__ import annotations

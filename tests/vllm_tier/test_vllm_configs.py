@@ -1,4 +1,4 @@
-"""The kv_transfer_config a user copies (configs/vllm-tier.json, the README) is one vLLM 0.33
+"""The kv_transfer_config a user copies (configs/vllm-tier.json, the README) is one vLLM
 accepts, names our tier the way vLLM loads it, and starts a working tier; a bad key stops
 the start naming it."""
 
@@ -12,6 +12,7 @@ import pytest
 from vllmhelp import Engine, Layout, block_bytes, keys, offloading_config
 
 from lmcache_valkey.errors import ConfigError
+from lmcache_valkey.integrations.vllm.compat import CONFIG_INFO, VLLM_VERSION
 from vllm.config import KVTransferConfig
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
@@ -42,7 +43,6 @@ def test_the_config_is_one_vllm_accepts_and_it_names_our_tier(load) -> None:
     # validates the entry and declares our series.
     metrics = TieringOffloadingSpec.build_metric_definitions(extra)
     assert "vllm:kv_offload_valkey_blocks" in metrics
-    assert "valkey_tenant" in TieringOffloadingSpec.config_info_keys(extra)
 
 
 def test_the_shipped_entry_pointed_at_a_server_shares_blocks(valkey_server, engines) -> None:
@@ -54,7 +54,16 @@ def test_the_shipped_entry_pointed_at_a_server_shares_blocks(valkey_server, engi
     ks = keys("from the shipped config", 2)
     a.offload(ks)
     assert b.fetch(ks) == [block_bytes(k, a.block_size) for k in ks]
-    assert b.tier.config_info()["valkey_tenant"] == "team-a"
+
+
+@pytest.mark.skipif(not CONFIG_INFO, reason=f"vLLM {VLLM_VERSION} has no vllm:kv_offload_config_info")
+def test_the_tier_declares_and_fills_vllms_config_info_labels(valkey_server, engines) -> None:
+    extra = shipped_config()["kv_connector_extra_config"]
+    assert "valkey_tenant" in TieringOffloadingSpec.config_info_keys(extra)
+    entry = dict(extra["secondary_tiers"][0])
+    settings = {k: v for k, v in entry.items() if k not in ("type", "module_path", "url")}
+    info = engines(valkey_server.url, tier_settings=settings).tier.config_info()
+    assert info["valkey_tenant"] == "team-a" and info["valkey_transport"] == "resp"
 
 
 @pytest.mark.parametrize("bad, key", [

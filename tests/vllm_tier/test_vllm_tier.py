@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from vllmhelp import Layout, block_bytes, keys
 
+from lmcache_valkey.integrations.vllm.compat import CONFIG_INFO, VLLM_VERSION
 from vllm.v1.kv_offload.base import LookupResult
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,7 +30,7 @@ def test_a_lookup_never_blocks_the_scheduler_it_is_answered_at_the_next_step(val
     ks = keys("prefix", 3)
     writer.offload(ks)
     ctx = reader.ctx()
-    with reader.manager.lock:
+    with reader.lock:
         reader.manager.on_new_request(ctx)
     assert reader.lookup_all(ctx, ks) == [LookupResult.RETRY] * 3  # asked, not answered yet
     assert reader.resolve(ctx, ks) == 3
@@ -67,9 +68,9 @@ def test_tenants_do_not_see_each_others_blocks(valkey_server, engines) -> None:
     assert len(engines(valkey_server.url, tier_settings={"tenant": "team-a"}).fetch(keys("p", 2))) == 2
 
 
-def test_the_tiers_series_reach_vllms_prometheus_exporter(valkey_server, engines) -> None:
-    """vLLM's frontend (OffloadPromMetrics, built from the same kv_connector_extra_config)
-    declares our series and records what the manager's get_stats() hands it."""
+def exported(valkey_server, engines, *, info: bool) -> tuple[str, str]:
+    """What vLLM's frontend exporter (OffloadPromMetrics, built from the same
+    kv_connector_extra_config) prints after a reader loaded three blocks; and the tier type."""
     import functools
     from types import SimpleNamespace
 
@@ -88,15 +89,23 @@ def test_the_tiers_series_reach_vllms_prometheus_exporter(valkey_server, engines
     config = SimpleNamespace(kv_transfer_config=SimpleNamespace(
         kv_connector_extra_config={"spec_name": "TieringOffloadingSpec", **reader.spec.config.extra_config}))
     prom = OffloadPromMetrics(config, types, ["engine"], {0: ["0"]})
-    with reader.manager.lock:
+    with reader.lock:
         stats = reader.manager.get_stats()
-    stats.set_info(reader.manager.config_info())
+    if info:  # what vLLM's scheduler adds to the stats it sends (0.33+)
+        stats.set_info(reader.manager.config_info())
     prom.observe(stats.data, 0)
+    return generate_latest(registry).decode(), reader.tier.tier_type
 
-    text = generate_latest(registry).decode()
-    tier = reader.tier.tier_type
+
+def test_the_tiers_series_reach_vllms_prometheus_exporter(valkey_server, engines) -> None:
+    text, tier = exported(valkey_server, engines, info=False)
     assert f'vllm:kv_offload_valkey_blocks_total{{engine="0",op="load",outcome="ok",tier_type="{tier}"}} 3.0' in text
     assert "vllm:kv_offload_valkey_lookup_batch_seconds_count" in text
+
+
+@pytest.mark.skipif(not CONFIG_INFO, reason=f"vLLM {VLLM_VERSION} has no vllm:kv_offload_config_info")
+def test_the_tiers_config_info_reaches_vllms_prometheus_exporter(valkey_server, engines) -> None:
+    text, _ = exported(valkey_server, engines, info=True)
     assert 'valkey_tenant="default"' in text and 'valkey_transport="resp"' in text
 
 

@@ -1,4 +1,4 @@
-"""The scheduler side of vLLM 0.33's OffloadingConnector, built from vLLM's own classes.
+"""The scheduler side of vLLM's OffloadingConnector (0.32 to 0.34), built from vLLM's own classes.
 
 ``Engine`` is what one vLLM server's scheduler holds: ``TieringOffloadingSpec(...)
 .get_manager()`` — the real ``TieringOffloadingManager`` with its CPU primary tier in
@@ -12,6 +12,7 @@ to the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -101,6 +102,9 @@ class Engine:
             offloading_config(self.layout, [tier_entry(self.url, **self.tier_settings)],
                               cpu_blocks=self.cpu_blocks, events=self.events))
         self.manager = self.spec.get_manager()
+        # What vLLM's scheduler holds around manager calls (0.33+: the tier-poll thread
+        # shares the manager); vLLM 0.32's manager has no lock, one thread drives it.
+        self.lock = getattr(self.manager, "lock", contextlib.nullcontext())
         self.tier = self.manager.secondary_tiers[0]
         self.view = self.manager.primary_tier.get_kv_memoryview()
         self.block_size = self.view.strides[0]
@@ -109,7 +113,7 @@ class Engine:
     # ------------------------------------------------------------------ steps
 
     def step(self) -> None:
-        with self.manager.lock:
+        with self.lock:
             self.manager.on_schedule_end(STEP)
 
     def ctx(self, name: str | None = None) -> ReqContext:
@@ -121,7 +125,7 @@ class Engine:
         deadline = time.monotonic() + timeout
         while True:
             self.step()
-            with self.manager.lock:
+            with self.lock:
                 if not self.manager.has_pending_work():
                     return
             if time.monotonic() > deadline:
@@ -135,7 +139,7 @@ class Engine:
         completes the store, and the manager cascades them to the secondary tier."""
         data = data if data is not None else [block_bytes(k, self.block_size) for k in ks]
         ctx = self.ctx()
-        with self.manager.lock:
+        with self.lock:
             self.manager.on_new_request(ctx)
             out = self.manager.prepare_store(list(ks), ctx)
             assert out is not None, "the primary tier refused the store"
@@ -145,7 +149,7 @@ class Engine:
                 if k in slots:
                     c = slots[k]
                     flat[c * self.block_size:(c + 1) * self.block_size] = d
-        with self.manager.lock:
+        with self.lock:
             self.manager.complete_store(list(ks), ctx, success=True)
             self.manager.on_request_finished(ctx)
         if wait:
@@ -153,7 +157,7 @@ class Engine:
         return ctx
 
     def lookup_all(self, ctx: ReqContext, ks: Sequence[OffloadKey]) -> list[LookupResult]:
-        with self.manager.lock:
+        with self.lock:
             return [self.manager.lookup(k, ctx) for k in ks]
 
     def resolve(self, ctx: ReqContext, ks: Sequence[OffloadKey], timeout: float = 60.0) -> int:
@@ -162,7 +166,7 @@ class Engine:
         deadline = time.monotonic() + timeout
         while True:
             hits, deferred = 0, False
-            with self.manager.lock:
+            with self.lock:
                 for k in ks:
                     r = self.manager.lookup(k, ctx)
                     if r is LookupResult.MISS:
@@ -183,24 +187,24 @@ class Engine:
         """A new request with this prefix: the leading blocks found in any tier, read from
         the primary slots vLLM would copy to the GPU."""
         ctx = self.ctx()
-        with self.manager.lock:
+        with self.lock:
             self.manager.on_new_request(ctx)
         try:
             n = self.resolve(ctx, ks, timeout)
             if n == 0:
                 return []
-            with self.manager.lock:
+            with self.lock:
                 spec = self.manager.prepare_load(list(ks[:n]), ctx)
             out = []
             with self.view.cast("B") as flat:
                 for c in spec.chunk_ids:
                     c = int(c)
                     out.append(bytes(flat[c * self.block_size:(c + 1) * self.block_size]))
-            with self.manager.lock:
+            with self.lock:
                 self.manager.complete_load(list(ks[:n]), ctx)
             return out
         finally:
-            with self.manager.lock:
+            with self.lock:
                 self.manager.on_request_finished(ctx)
 
     def close(self) -> None:

