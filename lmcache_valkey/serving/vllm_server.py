@@ -25,10 +25,11 @@ KV_TRANSFER_CONFIG = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"
 
 
 def lmcache_config(url: str, *, chunk_size: int = 256, cpu_gb: float = 1.0,
-                   **plugin: Any) -> dict[str, Any]:
+                   lmcache_extra: Optional[Mapping[str, Any]] = None, **plugin: Any) -> dict[str, Any]:
     """LMCache's YAML settings (as a dict) for the plugin named ``valkey`` at ``url``;
-    ``plugin`` adds ``remote_storage_plugin.valkey.<key>`` settings (tenant, transport, ...)."""
-    extra = {
+    ``plugin`` adds ``remote_storage_plugin.valkey.<key>`` settings (tenant, transport, ...),
+    ``lmcache_extra`` LMCache's own ``extra_config`` keys (``ping_interval``, ...)."""
+    extra = {**(lmcache_extra or {}),
         "remote_storage_plugin.valkey.module_path": "lmcache_valkey.integrations.lmcache.adapter",
         "remote_storage_plugin.valkey.class_name": "ValkeyConnectorAdapter",
         "remote_storage_plugin.valkey.url": url,

@@ -34,11 +34,12 @@ class Fleet:
     answers: dict[str, Any] = field(default_factory=dict)
     chunks: int = 0
 
-    def config(self, **plugin: Any) -> dict[str, Any]:
+    def config(self, lmcache_extra: dict | None = None, **plugin: Any) -> dict[str, Any]:
         plugin.setdefault("op_timeout_s", 2.0)
         plugin.setdefault("lookup_timeout_s", 0.5)
         plugin.setdefault("connect_timeout_s", 1.0)
-        return lmcache_config(self.valkey.url, transport=plugin.pop("transport", "tcp"), **plugin)
+        return lmcache_config(self.valkey.url, transport=plugin.pop("transport", "tcp"),
+                              lmcache_extra=lmcache_extra, **plugin)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,7 @@ def fleet(vllm_servers, tiny_model, tmp_path_factory) -> Any:
             assert first.status == 200, first.body
             f.answers[name, 1] = first
             f.answers[name, 2] = a.complete(p + QUESTION_2)  # A's prefix, another question
+        assert a.metric("lmcache_valkey_puts_total", tier="ram", result="ok") >= 3 * FULL_CHUNKS
         a.stop()
         f.chunks = settle(valkey)
         assert f.chunks >= 3 * FULL_CHUNKS, f"A stored {f.chunks} keys for 3 prefixes of {FULL_CHUNKS} chunks"
@@ -85,7 +87,8 @@ def test_valkey_down_at_start_killed_mid_request_and_back(fleet, vllm_servers):
     """Valkey down when the server starts, then back, then killed while a request runs: every
     request is answered (recompute where Valkey cannot help), and hits resume once it is back."""
     fleet.valkey.kill9()
-    r = vllm_servers("R", lmcache=fleet.config()).wait_ready()
+    # LMCache's health monitor retries the connection every ping_interval (30 s by default).
+    r = vllm_servers("R", lmcache=fleet.config(lmcache_extra={"ping_interval": 5})).wait_ready()
 
     down = r.complete(fleet.prefixes["recovery"] + QUESTION_1)
     assert same_answer(down, fleet.answers["recovery", 1]) is None, same_answer(down, fleet.answers["recovery", 1])
@@ -93,8 +96,8 @@ def test_valkey_down_at_start_killed_mid_request_and_back(fleet, vllm_servers):
 
     fleet.valkey.restart()  # loads A's chunks from its dump
     assert int(fleet.valkey.cmd("DBSIZE")) >= fleet.chunks
-    # LMCache's health monitor re-creates the plugin's connection on its next check (every
-    # ping_interval, 30 s by default) and then lets lookups through again.
+    # LMCache's health monitor re-creates the plugin's connection on its next check and then
+    # lets lookups through again.
     wait_for(lambda: clients(fleet.valkey) > 1 and "System recovered" in r.log_text(), 120,
              "LMCache reconnected the plugin and recovered")
     gets_before = calls(fleet.valkey, "GET")
@@ -118,17 +121,34 @@ def test_valkey_down_at_start_killed_mid_request_and_back(fleet, vllm_servers):
     fleet.valkey.restart()
 
 
-@pytest.mark.parametrize("case", ["tenant", "model_revision", "kv_dtype"])
-def test_another_tenant_revision_or_kv_dtype_never_hits(fleet, vllm_servers, case):
-    plugin = {"tenant": "team-b"} if case == "tenant" else {"model_revision": "v2"} if case == "model_revision" else {}
-    dtype = "float16" if case == "kv_dtype" else "bfloat16"
+def test_no_other_tenant_revision_or_kv_dtype_hits_and_no_connector_is_loud(fleet, vllm_servers):
+    """Servers that must never see A's chunks (another tenant, model revision or KV dtype), and
+    one whose LMCache runs without a KV connector (ours turned off): that one must say so."""
+    cases = {
+        "tenant": dict(lmcache=fleet.config(tenant="team-b")),
+        "model_revision": dict(lmcache=fleet.config(model_revision="v2")),
+        "kv_dtype": dict(lmcache=fleet.config(), dtype="float16"),
+        "no_connector": dict(lmcache=fleet.config(), env={"LMCACHE_VALKEY_CPU_KV_CONNECTOR": "off"}),
+    }
     gets_before = calls(fleet.valkey, "GET")
-    other = vllm_servers(f"other-{case}", lmcache=fleet.config(**plugin), dtype=dtype).wait_ready()
+    servers = {case: vllm_servers(f"other-{case}", **kw) for case, kw in cases.items()}  # start together
+    for server in servers.values():
+        server.wait_ready()
 
-    answer = other.complete(fleet.prefixes["manual"] + QUESTION_2)
-
-    assert answer.status == 200, answer.body
+    for case, server in servers.items():
+        answer = server.complete(fleet.prefixes["manual"] + QUESTION_2)
+        assert answer.status == 200, (case, answer.body)
+        assert server.metric("lmcache_valkey_hits_total") == 0, case
+        assert server.metric("vllm:external_prefix_cache_hits_total") == 0, case
     assert calls(fleet.valkey, "GET") == gets_before
-    assert other.metric("lmcache_valkey_hits_total") == 0
-    assert other.metric("vllm:external_prefix_cache_hits_total") == 0
-    other.stop()
+
+    silent = servers["no_connector"]
+    assert silent.metric("lmcache_valkey_lmcache_degraded", reason="no_kv_connector") == 1
+    errors = [line for line in silent.log_text().splitlines()
+              if "LMCache runs without a KV connector and serves every request by recompute" in line]
+    assert len(errors) == 1, errors
+    assert "LMCACHE_VALKEY_CPU_KV_CONNECTOR" in errors[0]
+    for case in ("tenant", "model_revision", "kv_dtype"):
+        assert servers[case].metric("lmcache_valkey_lmcache_degraded") == 0, case
+    for server in servers.values():
+        server.stop()
