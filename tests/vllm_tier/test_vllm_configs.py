@@ -24,9 +24,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def readme_config() -> dict:
     text = (ROOT / "README.md").read_text()
-    m = re.search(r"--kv-transfer-config '(\{.*?\})'\n", text, re.S)
-    assert m, "README lost its vLLM --kv-transfer-config example"
-    return json.loads(m.group(1))
+    found = [m.group(1) for m in re.finditer(r"--kv-transfer-config '(\{.*?\})'\n", text, re.S)
+             if "OffloadingConnector" in m.group(1)]  # (the vLLM-CPU section shows LMCache's connector)
+    assert found, "README lost its vLLM tier --kv-transfer-config example"
+    return json.loads(found[0])
 
 
 def shipped_config() -> dict:
