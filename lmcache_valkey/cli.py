@@ -158,12 +158,12 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], None]) -> bool:
+async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
     """Ask tierd to drain; while it works, report its S3 backlog every DRAIN_PROGRESS_S."""
     from .report import describe_backlog
     from .tiering.tierd import drain, tier_stats, with_remote
 
-    async def body(tc: Any) -> bool:
+    async def body(tc: Any) -> Any:
         started = time.monotonic()
         probe_s = min(args.timeout, DRAIN_PROBE_S)
         try:  # is a tierd there at all? (a drain request alone would wait its whole timeout)
@@ -193,13 +193,13 @@ async def _drain_with_progress(args: argparse.Namespace, say: Callable[[str], No
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
-    drained = _tierd_call(args, lambda a: _drain_with_progress(a, say))
+    report = _tierd_call(args, lambda a: _drain_with_progress(a, say))
     if args.json:
-        print(json.dumps({"drained": drained}))
+        print(json.dumps({"drained": report.drained, "backlog": report.backlog, "dropped": report.dropped,
+                          "tiers": report.tiers}))
     else:
-        print("flush backlog drained" if drained else
-              f"flush backlog NOT drained within {args.timeout:g}s (tierd keeps flushing; run drain again)")
-    return EXIT_OK if drained else EXIT_FAIL
+        print(report.describe(args.timeout))
+    return EXIT_OK if report.drained else EXIT_FAIL
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

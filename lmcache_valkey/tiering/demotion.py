@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from .. import metrics
 from ..errors import TransportError
@@ -150,6 +150,26 @@ class Demoter:
                 return False
         await self.w.markers.settle()
         return True
+
+    async def drain(self, timeout: float | None = None) -> dict[str, Any]:
+        """:meth:`flush`, then what could not be flushed (docs/tiering-tiers.md, "drain"):
+        ``backlog`` (still queued: the store is down or slow), ``dropped`` (given up since the
+        previous drain: queue full, refused, retries exhausted; each drop is reported once)
+        and each write-behind tier's breaker. ``drained`` only when both are 0: after an
+        outage an empty backlog may only mean that the uploads were dropped."""
+        flushed = await self.flush(timeout)
+        backlog = dropped = 0
+        tiers: dict[str, dict[str, Any]] = {}
+        for t in self.w.tiers:
+            rep = t.report()
+            n = t.take_unflushed()
+            left = int(rep.get("backlog", 0) or 0)
+            backlog += left
+            dropped += n
+            if t.remote:
+                tiers[t.name] = {"backlog": left, "dropped": n, "breaker": rep.get("breaker")}
+        return {"drained": flushed and not backlog and not dropped, "backlog": backlog, "dropped": dropped,
+                "tiers": tiers}
 
     async def close(self, deadline: float) -> None:
         """Wait for the copies in flight until ``deadline`` (monotonic), then stop them."""

@@ -146,6 +146,10 @@ class TierManager:
     async def flush(self, timeout: float | None = None) -> bool:
         return await self.demoter.flush(timeout)
 
+    async def drain(self, timeout: float | None = None) -> dict[str, Any]:
+        """Flush, and report what could not be flushed (backlog left, uploads dropped)."""
+        return await self.demoter.drain(timeout)
+
     async def demote_once(self) -> int:
         return await self.demoter.demote_once()
 

@@ -198,6 +198,9 @@ class NvmeTier:
     async def flush(self, timeout: float | None = None) -> bool:
         return True  # writes are durable when they return
 
+    def take_unflushed(self) -> int:
+        return 0  # no write-behind: a write that fails says so to its caller
+
     def available(self) -> bool:
         return True
 

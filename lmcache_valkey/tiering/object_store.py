@@ -12,6 +12,8 @@
 - Large values use multipart upload; large reads use parallel ranged GETs into one buffer.
 - Conditional put (``If-None-Match: *``) keeps concurrent writers from clobbering; a store
   that refuses the header is remembered and written to without it.
+- Every request is bounded by ``s3_timeout_s`` as a whole (:meth:`ObjectTier._io`), not only
+  by the client's socket timers, which let an upload into a black hole hang for good.
 - Retries with exponential backoff and a circuit breaker: while open, reads are misses at
   once and uploads wait in the queue. An upload is dropped (counted) after ``s3_max_retries``
   failures while the breaker is closed, or at once when the store refuses it for good (4xx);
@@ -60,7 +62,7 @@ def _map_error(e: BaseException) -> TransportError:
     if isinstance(e, TransportError):
         return e
     if isinstance(e, asyncio.TimeoutError):
-        return DeadlineExceeded(f"object store: {e}")
+        return DeadlineExceeded(f"object store: {e or 'no answer within s3_timeout_s'}")
     if isinstance(e, ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
         return TransportError(f"object store: {code}: {e}")
@@ -144,6 +146,7 @@ class ObjectTier:
         self._stack = contextlib.AsyncExitStack()
         self._client = None
         self._conditional = True
+        self._unflushed = 0  # drops not yet reported by a drain (take_unflushed)
         self._conditional_delete = True  # DELETE with If-Match, until the store refuses it
         self._sem = asyncio.Semaphore(ts.s3_concurrency)
         self.stats = {
@@ -243,6 +246,7 @@ class ObjectTier:
             self._queue.put_nowait(_Item(key, mv, expires_ms, time.monotonic(), ticket))
         else:
             self.stats["dropped"] += 1
+            self._unflushed += 1
             metrics.record_flush_drop(self.name)
             metrics.record_error("flush", "overflow")
             if self.stats["dropped"] in (1, 10, 100) or self.stats["dropped"] % 1000 == 0:
@@ -254,8 +258,15 @@ class ObjectTier:
         metrics.set_flush_backlog(self.name, self.backlog)
         return True
 
+    def take_unflushed(self) -> int:
+        """Uploads dropped (queue full, refused, retries exhausted) since the last call: an
+        empty backlog after an outage may only mean the uploads were given up."""
+        n, self._unflushed = self._unflushed, 0
+        return n
+
     async def flush(self, timeout: float | None = None) -> bool:
-        """Wait until the backlog is empty. True when drained within ``timeout``."""
+        """Wait until the backlog is empty. True when drained within ``timeout`` (drops are
+        not failures here: :meth:`take_unflushed` tells them)."""
         try:
             await asyncio.wait_for(self._wait_idle(), timeout)
             return True
@@ -332,6 +343,7 @@ class ObjectTier:
 
     def _drop_item(self, item: _Item, cause: str, why: str) -> None:
         self.stats["dropped"] += 1
+        self._unflushed += 1
         metrics.record_flush_drop(self.name)
         metrics.record_error("flush", cause)
         log.warning("object tier: upload of %s dropped: %s", self.object_key(item.key), why)
@@ -339,6 +351,14 @@ class ObjectTier:
             self.events.dropped(self.name, item.key, item.ticket)
 
     # --- direct operations -----------------------------------------------------------------
+    async def _io(self, aw: Any) -> Any:
+        """One request to the store (or one block of a body), bounded as a whole by
+        ``s3_timeout_s`` (asyncio.TimeoutError, mapped by the callers to DeadlineExceeded).
+        The client's own socket timers do not cover every wait: an upload into a black hole
+        (connections accepted, nothing answered) never timed out, holding an upload worker
+        and a share of the requests the store may have in flight for good (issue 28)."""
+        return await asyncio.wait_for(aw, self.ts.s3_timeout_s)
+
     async def put(self, key: bytes, parts: Sequence[bytes | bytearray | memoryview], *, expires_ms: int = 0,
                   _gated: bool = False) -> None:
         """Upload now (no queue). Raises TransportError; already-present is success."""
@@ -401,18 +421,18 @@ class ObjectTier:
         success); a store that refuses the header is remembered and written to unconditionally."""
         if self._conditional:
             try:
-                await call(IfNoneMatch="*", **kw)
+                await self._io(call(IfNoneMatch="*", **kw))
                 return
             except ClientError as e:
                 if _code(e) not in _UNSUPPORTED:
                     raise
                 log.warning("object tier: store refuses conditional writes (%s); writing unconditionally", _code(e))
                 self._conditional = False
-        await call(**kw)
+        await self._io(call(**kw))
 
     async def _multipart(self, okey: str, body: memoryview, meta: dict[str, str]) -> None:
         self.stats["multipart"] += 1
-        up = await self._client.create_multipart_upload(Bucket=self.bucket, Key=okey, Metadata=meta)
+        up = await self._io(self._client.create_multipart_upload(Bucket=self.bucket, Key=okey, Metadata=meta))
         uid = up["UploadId"]
         psize = self.ts.s3_part_bytes
         n = (body.nbytes + psize - 1) // psize
@@ -420,7 +440,8 @@ class ObjectTier:
         async def part(i: int) -> dict:
             chunk = bytes(body[i * psize : min(body.nbytes, (i + 1) * psize)])
             async with self._sem:
-                r = await self._client.upload_part(Bucket=self.bucket, Key=okey, UploadId=uid, PartNumber=i + 1, Body=chunk)
+                r = await self._io(self._client.upload_part(Bucket=self.bucket, Key=okey, UploadId=uid,
+                                                            PartNumber=i + 1, Body=chunk))
             return {"PartNumber": i + 1, "ETag": r["ETag"]}
 
         try:
@@ -429,7 +450,7 @@ class ObjectTier:
                                       UploadId=uid, MultipartUpload={"Parts": list(parts)})
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._client.abort_multipart_upload(Bucket=self.bucket, Key=okey, UploadId=uid)
+                await self._io(self._client.abort_multipart_upload(Bucket=self.bucket, Key=okey, UploadId=uid))
             raise
 
     async def head(self, key: bytes) -> int | None:
@@ -444,7 +465,7 @@ class ObjectTier:
         """Length, mtime and expiry (``lmcv-exp``) of a stored chunk, or None when absent."""
         try:
             async with self._sem:
-                r = await self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+                r = await self._io(self._client.head_object(Bucket=self.bucket, Key=self.object_key(key)))
         except ClientError as e:
             if _code(e) in _MISSING:
                 return None
@@ -559,7 +580,8 @@ class ObjectTier:
         async def one(start: int, end: int) -> int:
             async with self._sem:
                 try:
-                    r = await self._client.get_object(Bucket=self.bucket, Key=okey, Range=f"bytes={start}-{end - 1}")
+                    r = await self._io(self._client.get_object(Bucket=self.bucket, Key=okey,
+                                                               Range=f"bytes={start}-{end - 1}"))
                 except ClientError as e:
                     if _code(e) in _MISSING:
                         raise _Absent() from None
@@ -582,7 +604,7 @@ class ObjectTier:
                         while pos < end:
                             n = min(_READ_BLOCK, end - pos)
                             try:
-                                block = await stream.readexactly(n)
+                                block = await self._io(stream.readexactly(n))
                             except asyncio.IncompleteReadError as e:
                                 dest[pos : pos + len(e.partial)] = e.partial
                                 pos += len(e.partial)
@@ -591,7 +613,7 @@ class ObjectTier:
                             pos += n
                     else:
                         while pos < end:
-                            n = await body.readinto(dest[pos:end])
+                            n = await self._io(body.readinto(dest[pos:end]))
                             if not n:
                                 break
                             pos += n
@@ -622,7 +644,7 @@ class ObjectTier:
         probe = self.breaker.probing
         try:
             async with self._sem:
-                await self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+                await self._io(self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key)))
         except ClientError as e:
             if _code(e) not in _MISSING:
                 if _permanent(e):
@@ -649,7 +671,7 @@ class ObjectTier:
         try:
             if etag and self._conditional_delete:
                 try:
-                    await self._client.delete_object(Bucket=self.bucket, Key=okey, IfMatch=etag)
+                    await self._io(self._client.delete_object(Bucket=self.bucket, Key=okey, IfMatch=etag))
                     self.stats["deleted"] += 1
                     return
                 except ClientError as e:
@@ -659,7 +681,7 @@ class ObjectTier:
                     if _code(e) not in _UNSUPPORTED:
                         raise
                     self._conditional_delete = False
-            await self._client.delete_object(Bucket=self.bucket, Key=okey)
+            await self._io(self._client.delete_object(Bucket=self.bucket, Key=okey))
             self.stats["deleted"] += 1
         except Exception as e:  # noqa: BLE001 - best effort; logged
             log.warning("object tier: delete of %s failed: %s", okey, e)

@@ -126,26 +126,47 @@ class CostModel:
       estimates (``seconds - nbytes * spb`` for the latency, the rest for the transfer), so
       both can rise and fall.
     - A skipped tier is never read, so it could never be re-measured: every
-      ``probe_interval_s`` one read is allowed anyway (a probe), and reads the tier answered
-      without a usable copy are observed as well (:meth:`failure`).
+      ``probe_interval_s`` one read is allowed anyway (a probe, :meth:`admit`), and reads the
+      tier answered without a usable copy are observed as well (:meth:`failure`).
+    - A probe that answers faster than the estimate restarts the estimate at that sample
+      (everything the estimate holds is older than the probe): a tier whose estimate was
+      pushed up by reads that waited out an outage (a black hole lets them through when it
+      lifts, and they are timed as very slow reads) is read again one probe after the store
+      answers, not once EWMA steps at ``probe_interval_s`` each have worn it down (that took
+      minutes, issue 28). A probe slower than the estimate is an ordinary sample.
     - Reads the tier did not answer (a timeout, an outage) are no samples: they would keep a
       tier that is back "too slow" until probes wear the estimate down (docs/tiering-promotion.md).
     """
 
+    READ, PROBE, SKIP = "read", "probe", "skip"
+
     def __init__(self, alpha: float = 0.2, prior: dict[str, tuple[float, float]] | None = None, *,
-                 probe_interval_s: float = 30.0, clock: Clock = time.monotonic) -> None:
+                 probe_interval_s: float = 1.0, clock: Clock = time.monotonic) -> None:
         self.alpha = alpha
         self.probe_interval_s = probe_interval_s
         self._clock = clock
         # tier -> (latency s, seconds per byte); optimistic priors until measured.
         prior = prior or {"nvme": (0.0005, 1.0e9), "s3": (0.02, 2.0e8)}
-        self._est: dict[str, tuple[float, float]] = {t: (lat, 1.0 / max(bw, 1.0)) for t, (lat, bw) in prior.items()}
+        self._prior: dict[str, tuple[float, float]] = {t: (lat, 1.0 / max(bw, 1.0)) for t, (lat, bw) in prior.items()}
+        self._est: dict[str, tuple[float, float]] = dict(self._prior)
         self._last_try: dict[str, float] = {}
         self.probes = 0
 
-    def observe(self, tier: str, nbytes: int, seconds: float, *, latency_s: float | None = None) -> None:
+    def observe(self, tier: str, nbytes: int, seconds: float, *, latency_s: float | None = None,
+                probe: bool = False) -> None:
+        """A read the tier answered in ``seconds``. ``probe``: the read :meth:`admit` allowed
+        although the estimate said too slow; faster than the estimate, it restarts it."""
         lat0, spb0 = self._est.get(tier, (0.0, 1.0e-9))
         seconds = max(0.0, seconds)
+        if probe and latency_s is None and seconds < self.expected(tier, nbytes):
+            # the estimate is stale: start again from this sample (the prior's transfer rate,
+            # the rest latency), so expected() for this size is what the probe just took
+            spb = self._prior.get(tier, (0.0, spb0))[1]
+            if nbytes > 0:
+                spb = min(spb, seconds / nbytes)
+            self._est[tier] = (max(0.0, seconds - max(nbytes, 0) * spb), spb)
+            self._last_try[tier] = self._clock()
+            return
         if latency_s is not None:
             lat = latency_s
             spb = max(seconds - lat, 0.0) / nbytes if nbytes > 0 else spb0
@@ -158,11 +179,11 @@ class CostModel:
         self._est[tier] = ((1 - a) * lat0 + a * lat, (1 - a) * spb0 + a * spb)
         self._last_try[tier] = self._clock()
 
-    def failure(self, tier: str, nbytes: int, seconds: float) -> None:
+    def failure(self, tier: str, nbytes: int, seconds: float, *, probe: bool = False) -> None:
         """A read the tier answered after ``seconds`` without a usable copy (absent, corrupt):
-        it counts as at least that slow."""
-        if seconds > self.expected(tier, nbytes):
-            self.observe(tier, nbytes, seconds)
+        it counts as at least that slow (a probe: as that fast, too)."""
+        if seconds > self.expected(tier, nbytes) or probe:
+            self.observe(tier, nbytes, seconds, probe=probe)
         else:
             self._last_try[tier] = self._clock()
 
@@ -170,16 +191,22 @@ class CostModel:
         lat, spb = self._est.get(tier, (0.0, 1.0e-9))
         return lat + nbytes * spb
 
-    def affordable(self, tier: str, nbytes: int, budget_s: float) -> bool:
+    def admit(self, tier: str, nbytes: int, budget_s: float) -> str:
+        """READ (expected within ``budget_s``), PROBE (too slow, but ``probe_interval_s``
+        passed since the tier was last tried: this read re-measures it; pass ``probe=True``
+        with its sample) or SKIP."""
         if self.expected(tier, nbytes) <= budget_s:
-            return True
+            return self.READ
         now = self._clock()
         last = self._last_try.setdefault(tier, now)
         if budget_s > 0 and now - last >= self.probe_interval_s:
             self._last_try[tier] = now  # one probe read re-measures the tier
             self.probes += 1
-            return True
-        return False
+            return self.PROBE
+        return self.SKIP
+
+    def affordable(self, tier: str, nbytes: int, budget_s: float) -> bool:
+        return self.admit(tier, nbytes, budget_s) != self.SKIP
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         return {t: {"latency_s": lat, "bandwidth_Bps": 1.0 / spb if spb > 0 else float("inf")}

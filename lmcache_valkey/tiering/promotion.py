@@ -4,8 +4,9 @@ Concurrent promotions of one chunk share one lower-tier read (a caller timing ou
 cancel it: the next caller finds the chunk in RAM). Tiers are tried fastest first; a tier
 whose expected time (:class:`~.policy.CostModel`) exceeds ``min(recompute_budget_s, what is
 left of the deadline)`` is skipped, re-checked before every read; reads the tier answered are
-its samples, reads it did not answer (timeout, outage) are not. The copy is verified
-(header, CRC32C by the tier; namespace here), then SET into RAM with the chunk's remaining
+its samples, reads it did not answer (timeout, outage) are not; a skipped tier gets a probe
+read every ``probe_interval_s`` (1 s), and a probe faster than the estimate restarts it. The
+copy is verified (header, CRC32C by the tier; namespace here), then SET into RAM with the chunk's remaining
 TTL; an object-tier hit is also copied to the faster tiers (``promote_to_nvme``). A
 promotion never frees RAM itself: above the high watermark it wakes the demotion pass.
 
@@ -95,7 +96,8 @@ class Promoter:
             if tier is None or remaining <= 0:  # re-checked before every tier read (requests may have queued)
                 metrics.record_miss(name, "deadline")
                 break
-            if not self.cost.affordable(name, r.value_len, min(w.ts.recompute_budget_s, remaining)):
+            verdict = self.cost.admit(name, r.value_len, min(w.ts.recompute_budget_s, remaining))
+            if verdict == CostModel.SKIP:
                 w.counters["skipped_cost"] += 1
                 metrics.record_miss(name, "deadline")
                 continue
@@ -109,9 +111,12 @@ class Promoter:
                 # kept the tier "too slow" for minutes after it came back.
                 continue
             if got is None:  # answered without a usable copy (absent, corrupt): timed like a read
-                self.cost.failure(name, r.value_len, time.perf_counter() - r0)
+                self.cost.failure(name, r.value_len, time.perf_counter() - r0, probe=verdict == CostModel.PROBE)
                 continue
-            self.cost.observe(name, r.value_len, time.perf_counter() - r0)
+            # A probe restarts an estimate it beats: reads that waited out a black hole and
+            # were answered when it lifted are timed as very slow reads, and used to keep the
+            # tier skipped for minutes (issue 28: chunks nobody asked for during the outage).
+            self.cost.observe(name, r.value_len, time.perf_counter() - r0, probe=verdict == CostModel.PROBE)
             hdr, payload = got
             if not self._compatible(key, hdr, name):
                 got.release()

@@ -63,8 +63,8 @@ async def _evict(m: "TierManager", req: Request) -> int:
     return await m.evict(req.tier, keys=req.keys, prefix=req.prefix)
 
 
-async def _drain(m: "TierManager", req: Request) -> bool:
-    return await m.flush(min(req.timeout_s, max(req.ttl_ms / 1000, 0.001)))
+async def _drain(m: "TierManager", req: Request) -> dict[str, Any]:
+    return await m.drain(min(req.timeout_s, max(req.ttl_ms / 1000, 0.001)))
 
 
 async def _delete(m: "TierManager", req: Request) -> int:

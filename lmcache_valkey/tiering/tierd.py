@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import signal
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from .. import metrics
@@ -172,9 +172,46 @@ async def evict(target: Any, tier: str, *, keys: Sequence[bytes] | None = None,
     return int(await _control(target, "evict", args, timeout))
 
 
-async def drain(target: Any, *, timeout: float = 60.0) -> bool:
-    """Wait until the flush backlog is empty (True) or ``timeout`` passes (False)."""
-    return bool(await _control(target, "drain", {"timeout_s": timeout}, timeout + 5.0))
+@dataclass(frozen=True)
+class DrainReport:
+    """What a ``drain`` could not flush. True (``drained``) only when the backlog is empty
+    and no upload was dropped since the previous drain (each drop is reported once)."""
+
+    drained: bool
+    backlog: int = 0  # chunks still queued for the object store (down, slow)
+    dropped: int = 0  # chunks given up since the previous drain: queue full, refused, retries exhausted
+    tiers: dict[str, Any] = field(default_factory=dict)  # per write-behind tier: backlog, dropped, breaker
+
+    def __bool__(self) -> bool:
+        return self.drained
+
+    @classmethod
+    def from_result(cls, r: Any) -> "DrainReport":
+        if isinstance(r, dict):  # a bare bool: a tierd from before the report (backlog only)
+            return cls(bool(r.get("drained")), int(r.get("backlog") or 0), int(r.get("dropped") or 0),
+                       dict(r.get("tiers") or {}))
+        return cls(bool(r))
+
+    def describe(self, timeout: float) -> str:
+        if self.drained:
+            return "flush backlog drained"
+        parts = []
+        if self.dropped:
+            parts.append(f"{self.dropped} chunk(s) dropped instead of flushed (not in the object store; "
+                         "they stay in RAM/NVMe only: see tierd's log)")
+        if self.backlog:
+            parts.append(f"{self.backlog} chunk(s) still queued")
+        breakers = [f"{n}: breaker {t.get('breaker')}" for n, t in self.tiers.items()
+                    if t.get("breaker") not in (None, "closed")]
+        if self.backlog or not self.dropped:
+            parts.append(f"flush backlog NOT drained within {timeout:g}s (tierd keeps flushing; run drain again)")
+        return "NOT flushed: " + "; ".join(parts + breakers)
+
+
+async def drain(target: Any, *, timeout: float = 60.0) -> DrainReport:
+    """Wait until the flush backlog is empty or ``timeout`` passes; report what could not be
+    flushed (a :class:`DrainReport`, true when everything was)."""
+    return DrainReport.from_result(await _control(target, "drain", {"timeout_s": timeout}, timeout + 5.0))
 
 
 # --- argparse glue for the CLI's control sub-commands (stats, evict, drain) --------------------
@@ -233,7 +270,7 @@ async def evict_command(args: argparse.Namespace) -> int:
                                                      timeout=args.timeout))
 
 
-async def drain_command(args: argparse.Namespace) -> bool:
+async def drain_command(args: argparse.Namespace) -> DrainReport:
     return await with_remote(args, lambda tc: drain(tc, timeout=args.timeout))
 
 

@@ -127,6 +127,10 @@ class LowerTier(Protocol):
     async def close(self, drain_timeout: float = 0.0) -> int:
         """Stop (draining accepted writes for up to ``drain_timeout``); returns writes left."""
 
+    def take_unflushed(self) -> int:
+        """Writes dropped since the last call instead of becoming durable (queue full, refused,
+        retries exhausted): what a ``drain`` reports as not flushed (each drop once)."""
+
     def report(self) -> dict[str, Any]:
         """Counters and gauges for ``stats``."""
 

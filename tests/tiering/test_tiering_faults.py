@@ -670,3 +670,78 @@ async def test_a_chunk_promoted_for_a_worker_stays_in_ram_until_it_is_read(small
         await m.close()
         await client.close()
 
+
+
+# --- after a black hole, every S3-only chunk, asked for during it or not (issue 28) -----------
+async def test_s3_only_chunks_nobody_asked_for_during_a_black_hole_are_served_once_it_lifts(
+        small_valkey, moto_s3) -> None:
+    """Reads that a worker started during a black hole wait it out and are answered when it
+    lifts: timed as very slow reads, they pushed the cost estimate past the budget, and every
+    other S3-only chunk was skipped ("deadline") until a probe every 30 s had worn it down.
+    Once the store answers, the chunks nobody asked for come back as well."""
+    proxy = StallProxy(moto_s3.port)
+    url = await proxy.start()
+    ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, recompute_budget_s=0.5,
+                 breaker_failures=5, breaker_reset_s=5.0)  # s3_timeout_s: 30 s, longer than the outage
+    m, client = await _manager(small_valkey, ts)
+    try:
+        items = [chunk(i, 20_000) for i in range(10)]
+        for k, v in items:
+            await _put_tiered(m, client, k, v)
+        await m.evict("ram", keys=[k for k, _ in items])  # S3-only now
+        asked, others = items[:2], items[2:]
+        proxy.stall = True
+        for k, _ in asked:  # workers ask: misses at their deadline, the reads stay in flight
+            assert not await m.promote(k, timeout=0.5)
+        await asyncio.sleep(3.0)  # the outage goes on (the reads wait it out)
+        assert m.tier("s3").stats["hits"] == 0
+        proxy.stall = False
+        await _until(lambda: m.tier("s3").stats["hits"] == len(asked))  # answered when it lifted
+        for k, v in asked:
+            assert await ram_get(client, k, len(v)) == v
+        pending = dict(others)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20.0  # the bound only stops a hung test (it used to take minutes)
+        while pending and loop.time() < end:
+            for k in list(pending):
+                if await m.promote(k, timeout=0.5):
+                    assert await ram_get(client, k, len(pending[k])) == pending.pop(k)
+            await asyncio.sleep(0.1)
+        assert not pending, f"{len(pending)} of {len(others)} S3-only chunks nobody asked for still missing"
+    finally:
+        proxy.stall = False
+        await m.close()
+        await client.close()
+        await proxy.close()
+
+
+async def test_drain_during_an_outage_reports_the_uploads_it_could_not_flush(small_valkey, moto_s3) -> None:
+    """Uploads that fail through an outage are given up after ``s3_max_retries``: the backlog
+    empties, and `drain` used to say "drained" although none reached the store. It reports
+    them (each once), and the CLI exits non-zero."""
+    from lmcache_valkey.tiering.tierd import drain
+
+    proxy = StallProxy(moto_s3.port)
+    url = await proxy.start()
+    ts = tiering(s3_bucket=moto_s3.bucket, s3_endpoint_url=url, s3_timeout_s=0.3, s3_max_retries=1,
+                 breaker_failures=1000)  # the breaker stays closed: the uploads are given up
+    m, client = await _manager(small_valkey, ts)
+    try:
+        proxy.stall = True
+        items = [chunk(i, 20_000) for i in range(3)]
+        for k, v in items:
+            await client.set(k, [v], ttl_s=None, timeout=5.0)
+            m.note_put(k, len(v))
+        report = await drain(m, timeout=30.0)
+        assert m.tier("s3").stats["gave_up"] == len(items)  # the backlog is empty ...
+        assert not report and report.dropped == len(items) and report.backlog == 0  # ... but nothing flushed
+        assert report.tiers["s3"]["dropped"] == len(items)
+        assert "3 chunk(s) dropped" in report.describe(30.0)
+        proxy.stall = False
+        assert await drain(m, timeout=30.0)  # each drop is reported once; nothing is left
+        assert all(m.ledger.state(k, "s3") == "absent" for k, _ in items)
+    finally:
+        proxy.stall = False
+        await m.close()
+        await client.close()
+        await proxy.close()

@@ -76,7 +76,7 @@ async def test_tierd_protocol_round_trip(nvme_dir):
         await valkey.set(key, [value], ttl_s=None, timeout=1)
         await tc.note_put(key, len(value))
         await tc.flush_hints()
-        assert await tc.control("drain", {"timeout_s": 10.0}, timeout=10)
+        assert (await tc.control("drain", {"timeout_s": 10.0}, timeout=10))["drained"]
         assert (await tc.control("stats", timeout=5))["index"]["nvme"]["chunks"] == 1
         assert await tc.control("evict", {"tier": "ram", "keys": [key]}, timeout=5) == 1
         assert await tc.promote(key, timeout=5)

@@ -279,3 +279,22 @@ def test_tiering_never_imports_store_or_integrations() -> None:
                 assert "integrations" not in mod and "fabric" not in mod, (p.name, mod)
                 if "aiobotocore" in mod or "botocore" in mod:
                     assert p.name == "object_store.py", p.name
+
+
+def test_cost_model_probe_that_beats_a_stale_estimate_restarts_it() -> None:
+    """Reads that waited out a black hole are timed as very slow reads; one probe once the
+    store answers brings the tier back (issue 28), while a slow probe keeps it skipped."""
+    now = [0.0]
+    c = CostModel(clock=lambda: now[0])
+    for _ in range(3):
+        c.observe("s3", 20_000, 12.0)  # answered when the black hole lifted
+    assert c.admit("s3", 20_000, 0.5) == c.SKIP
+    now[0] += c.probe_interval_s
+    assert c.admit("s3", 20_000, 0.5) == c.PROBE
+    c.observe("s3", 20_000, 3.0, probe=True)  # still slow: an ordinary sample
+    assert c.admit("s3", 20_000, 0.5) == c.SKIP
+    now[0] += c.probe_interval_s
+    assert c.admit("s3", 20_000, 0.5) == c.PROBE
+    c.observe("s3", 20_000, 0.02, probe=True)  # the store answers again
+    assert c.expected("s3", 20_000) == pytest.approx(0.02)
+    assert c.admit("s3", 20_000, 0.5) == c.READ
