@@ -26,10 +26,14 @@ WORKER = ("get", "set", "getrange", "exists", "unlink", "ping")
 # its reply list and the delete-intent hash.
 WORKER_TIERING = ("rpush", "ltrim", "blpop", "hset")
 # What tierd sends: chunk values and tier markers (GET/SET/PTTL/EXISTS/UNLINK), the demotion
-# pass (SCAN over the tenant's pattern, OBJECT IDLETIME, INFO memory), the request and reply
-# lists (BLPOP/LPOP/RPUSH/PEXPIRE, EVAL for RPUSH+PEXPIRE in one step) and delete intents.
-TIERD = ("get", "set", "pttl", "exists", "unlink", "scan", "object|idletime", "info", "blpop", "lpop",
-         "rpush", "pexpire", "eval", "hkeys", "hset", "hdel")
+# pass (its own index of RAM chunks and of markers, ZADD/ZRANGE/ZREM; OBJECT IDLETIME; INFO
+# memory), the request and reply lists (BLPOP/LPOP/RPUSH/PEXPIRE; a reply's RPUSH+PEXPIRE in
+# one MULTI/EXEC) and delete intents. No
+# SCAN/KEYS/RANDOMKEY (a SCAN reply lists every tenant's key names: ACL key patterns do not
+# filter it) and no EVAL/FUNCTION (a script may run forever and make every client wait):
+# docs/tiering-index.md.
+TIERD = ("get", "set", "pttl", "exists", "unlink", "zadd", "zrange", "zrem", "object|idletime", "info", "blpop",
+         "lpop", "rpush", "pexpire", "multi", "exec", "hkeys", "hset", "hdel")
 # Valkey Cluster: the slot map and ASK redirections.
 CLUSTER = ("cluster|slots", "asking")
 # The fabric and blob-tcp transports (docs/fabric-acl.md): the large-object commands by name

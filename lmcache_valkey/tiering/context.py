@@ -15,6 +15,8 @@ import asyncio
 from typing import Any, Coroutine
 
 from ..config import Settings
+from . import protocol
+from .key_index import KeyIndex
 from .ledger import Ledger
 from .markers import Markers
 from .settings import TieringSettings
@@ -47,6 +49,10 @@ class Wing:
                              on_change=lambda key: self.markers.sync_soon(key))
         self.markers = Markers(valkey, self.ledger, key_prefix=self.key_prefix, tenant=tenant,
                                timeout=self.timeout, spawn=self.spawn, counters=self.counters)
+        # The chunk values tierd knows to be in RAM (hints, its promotions): what the demotion
+        # pass and `evict ram` look at, instead of listing the keyspace (docs/tiering-index.md).
+        self.ram = KeyIndex(valkey, protocol.ram_index_key(self.key_prefix, tenant), timeout=self.timeout,
+                            spawn=self.spawn)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` in the background, referenced until done (and cancelled at close)."""

@@ -277,12 +277,16 @@ class Deleter:
             if prefix is None:
                 raise ValueError("evict needs keys or a prefix")
             if tier == "ram":
-                found = [k async for k in w.valkey.scan_iter(prefix + b"*", 1000)]
-                keys = [k for k in found if b":c:{" in k]
+                # The chunks tierd knows to be in RAM (its index) or holds below: never a
+                # listing of the keyspace (docs/tiering-index.md).
+                known = dict.fromkeys(await w.ram.members())
+                known.update(dict.fromkeys(self.ledger.keys(prefix=prefix)))
+                keys = [k for k in known if k.startswith(prefix) and b":c:{" in k]
             else:
                 keys = self.ledger.keys(tier=tier, prefix=prefix)
         if tier == "ram":
             n = await w.valkey.delete(list(keys), timeout=w.timeout) if keys else 0
+            await w.ram.remove(list(keys))
             w.counters["ram_evicted"] += n
             return n
         return await self.remove_copies(list(keys), (tier,), wait_s=w.timeout)

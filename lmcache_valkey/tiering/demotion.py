@@ -5,7 +5,9 @@
   now, the object store write-behind. Each write is a ledger transition with a ticket, so a
   delete meanwhile drops or undoes it.
 - The demotion pass (single-flight, woken by the background loop or by a promotion under
-  memory pressure): the tenant's RAM chunks (SCAN + OBJECT IDLETIME) become
+  memory pressure): the tenant's RAM chunks tierd knows of (its own index,
+  :mod:`.key_index`: put and hit hints, its promotions; never a SCAN) with their OBJECT
+  IDLETIME become
   :class:`~.policy.Candidate` facts, :class:`~.policy.Demotion` decides which RAM copies go
   and when the pass has freed enough; the pass copies down what it must first, then DELs.
 
@@ -24,7 +26,6 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from .. import metrics
 from ..errors import TransportError
-from . import protocol
 from .context import Wing
 from .ledger import ABSENT, DOOMED, DURABLE, WRITING
 from .policy import Admission, Candidate, Demotion, MemoryState, parse_info_memory
@@ -58,9 +59,11 @@ class Demoter:
         A put hint may arrive after a delete of the same key (hints are batched): it never
         clears the delete. A copy reads the value from RAM under the current generation, so
         only a value put again after the delete can be copied."""
+        self.w.ram.add_soon(key)
         self._touch(key)
 
     def note_hit(self, key: bytes) -> None:
+        self.w.ram.add_soon(key)  # also a chunk put before tierd heard of it (a lost hint)
         self.ledger.touch(key)
         self.ledger.reader_done(key)  # a promotion waiting for this read may let the copy go now
         self._touch(key)
@@ -149,6 +152,7 @@ class Demoter:
             if not await t.flush(left):
                 return False
         await self.w.markers.settle()
+        await self.w.ram.settle()
         return True
 
     async def drain(self, timeout: float | None = None) -> dict[str, Any]:
@@ -197,7 +201,9 @@ class Demoter:
             self.w.counters["demote_wakeups"] += 1
             self.wake.set()
 
-    def staged(self, nbytes: int) -> None:
+    def staged(self, key: bytes, nbytes: int) -> None:
+        """A promotion put ``key`` into RAM."""
+        self.w.ram.add_soon(key)
         if self._mem is not None:
             self._mem = MemoryState(self._mem.used + nbytes, self._mem.maxmemory)
 
@@ -208,10 +214,12 @@ class Demoter:
                          promoting=promoting, awaiting_reader=reader, leased=leased)
 
     async def candidates(self) -> list[Candidate]:
-        """The tenant's RAM chunks with their idle time (SCAN + OBJECT IDLETIME)."""
+        """The tenant's RAM chunks tierd knows of (its index) with their idle time (OBJECT
+        IDLETIME); index entries whose key is gone are removed."""
         w = self.w
-        keys = [k async for k in w.valkey.scan_iter(protocol.data_pattern(w.key_prefix, w.tenant), w.ts.demote_scan_count)]
+        keys = await w.ram.members()
         out: list[Candidate] = []
+        gone: list[bytes] = []
         for i in range(0, len(keys), _IDLE_BATCH):
             batch = keys[i : i + _IDLE_BATCH]
             idles = await asyncio.gather(
@@ -219,6 +227,8 @@ class Demoter:
                 return_exceptions=True,
             )
             out.extend(self.candidate(k, int(t)) for t, k in zip(idles, batch) if isinstance(t, int))
+            gone.extend(k for t, k in zip(idles, batch) if t is None)  # expired, evicted, deleted
+        await w.ram.remove(gone)
         return out
 
     async def demote_once(self) -> int:
@@ -232,6 +242,7 @@ class Demoter:
     async def _free(self, need: int) -> int:
         w, ledger = self.w, self.ledger
         freed = removed = 0
+        moved: list[bytes] = []
         for c in self.policy.plan(await self.candidates()):
             if self.policy.enough(freed, need, c.idle_s):
                 break
@@ -247,9 +258,11 @@ class Demoter:
             except TransportError:
                 break
             if n:
+                moved.append(c.key)
                 removed += 1
                 freed += r.value_len if r is not None else 0
                 w.counters["demoted"] += 1
+        await w.ram.remove(moved)
         if removed:
             self._mem = None
         return removed

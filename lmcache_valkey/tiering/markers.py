@@ -7,7 +7,8 @@ chunk's expiry. :class:`Markers` writes them when the ledger's durable tiers cha
 (coalesced, in the background, or at once where a caller needs it), re-asserts them all
 after a restart, re-creates the ones Valkey lost (eviction under ``allkeys-*``, a restart)
 periodically and as soon as a lookup misses a chunk a tier holds (Valkey evicted its marker:
-then every lost marker is restored), and removes markers no tier backs.
+then every lost marker is restored), and removes markers no tier backs: those it finds in
+its own index of the markers it wrote (:mod:`.key_index`), never by listing the keyspace.
 
 Never imports: aiobotocore, valkey-py, the store or the integrations.
 """
@@ -22,6 +23,7 @@ from typing import Any, Callable, Sequence
 from ..errors import TransportError
 from ..keys import DATA, TIER_MARKER, parse_data_key
 from . import protocol
+from .key_index import KeyIndex
 from .ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -72,9 +74,13 @@ class Markers:
         self._sweeper: asyncio.Task[Any] | None = None
         self._swept_at = -SWEEP_AFTER_MISS_S
         self.closing = False
+        # The markers written (members: data keys): added before a marker's SET, removed
+        # after its DEL, so a marker exists only while its index entry does.
+        self.index = KeyIndex(valkey, protocol.marker_index_key(key_prefix, tenant), timeout=timeout)
 
     # --- one marker --------------------------------------------------------------------------
-    async def _sync_one(self, key: bytes) -> None:
+    async def _sync_one(self, key: bytes) -> bool:
+        """True when the marker stands (or may: a failed write), False once it was removed."""
         tiers = self.ledger.tiers_of(key)
         mk = marker_of(key)
         gen = self.ledger.gen(key)
@@ -89,17 +95,23 @@ class Markers:
                 # first: re-check, and take the marker back if the chunk is gone now.
                 if not self.ledger.tiers_of(key) or not self.ledger.current(key, gen):
                     await self.valkey.delete([mk], timeout=self.timeout)
-            else:
-                await self.valkey.delete([mk], timeout=self.timeout)
+                    return False
+                return True
+            await self.valkey.delete([mk], timeout=self.timeout)
+            return False
         except TransportError as e:
             log.debug("tiering: marker update for %r failed: %s", key, e)
+            return True
 
     async def sync(self, keys: Sequence[bytes]) -> None:
         """Mirror the ledger into these keys' markers now."""
         for k in keys:
             self._dirty.pop(k, None)
         for i in range(0, len(keys), _BATCH):
-            await asyncio.gather(*(self._sync_one(k) for k in keys[i : i + _BATCH]))
+            batch = keys[i : i + _BATCH]
+            await self.index.add([k for k in batch if self.ledger.tiers_of(k)])
+            stands = await asyncio.gather(*(self._sync_one(k) for k in batch))
+            await self.index.remove([k for k, s in zip(batch, stands) if not s and not self.ledger.tiers_of(k)])
 
     def sync_soon(self, key: bytes) -> None:
         """Mirror it in the background (the ledger's ``on_change``); coalesced."""
@@ -163,19 +175,15 @@ class Markers:
         restored = await self.restore(self.ledger.keys())
         if not complete:
             return restored  # the ledger is incomplete: a marker it lacks may be valid
-        stray: list[bytes] = []
-        async for mk in self.valkey.scan_iter(protocol.marker_pattern(self.key_prefix, self.tenant), 1000):
-            try:
-                k = data_of(mk)
-            except ValueError:
-                continue
-            if not self.ledger.tiers_of(k) and not copying(k):
-                stray.append(mk)
+        # The markers tierd wrote (its own index; never a listing of the keyspace) that no
+        # tier backs now: removed, marker and entry.
+        stray = [k for k in await self.index.members() if not self.ledger.tiers_of(k) and not copying(k)]
         for i in range(0, len(stray), _EXISTS_BATCH):
             batch = stray[i : i + _EXISTS_BATCH]
-            self.counters["stale_markers_removed"] += await self.valkey.delete(batch, timeout=self.timeout)
-        indexed = [data_of(mk) for mk in stray if self.ledger.tiers_of(data_of(mk))]
-        await self.sync(indexed)  # indexed meanwhile: put it back
+            self.counters["stale_markers_removed"] += await self.valkey.delete([marker_of(k) for k in batch],
+                                                                               timeout=self.timeout)
+        await self.index.remove([k for k in stray if not self.ledger.tiers_of(k)])
+        await self.sync([k for k in stray if self.ledger.tiers_of(k)])  # indexed meanwhile: put it back
         return restored
 
 

@@ -180,7 +180,7 @@ class Promoter:
         try:
             await self.demoter.make_room(nbytes)  # above maxmemory, Valkey's own policy evicts
             await w.valkey.set(key, list(parts), ttl_s=ttl_s, timeout=w.timeout)
-            self.demoter.staged(nbytes)
+            self.demoter.staged(key, nbytes)
             return True
         except TransportError as e:
             log.warning("tiering: staging %r into RAM failed: %s", key, e)

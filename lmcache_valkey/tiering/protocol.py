@@ -5,6 +5,8 @@ See docs/tiering-promotion.md. Keys (inside the tenant's ACL pattern ``~<prefix>
     <prefix>:<tenant>:_tierd:req           requests, RPUSH by workers, BLPOP by tierd (FIFO)
     <prefix>:<tenant>:_tierd:rep:<uuid>    replies to one worker process, RPUSH by tierd,
                                            BLPOP by that worker; PEXPIRE keeps it from lingering
+    <prefix>:<tenant>:_tierd:del           delete intents (hash), :func:`delete_key`
+    <prefix>:<tenant>:_tierd:ram, :mk      tierd's own indexes (sorted sets, :mod:`.key_index`)
 
 Messages are msgpack maps. Request: ``{"op", "id", "reply", "ttl_ms", "sent_ms", ...}``;
 reply: ``{"id", "ok", "result"}``. The ops, their fields and who answers them: the op table
@@ -35,14 +37,15 @@ def delete_key(key_prefix: str, tenant: str) -> bytes:
     return f"{key_prefix}:{tenant}:_tierd:del".encode()
 
 
-def marker_pattern(key_prefix: str, tenant: str) -> bytes:
-    """SCAN pattern for every tier marker of the tenant (all namespaces)."""
-    return f"{key_prefix}:{tenant}:*:t:{{*}}".encode()
+def ram_index_key(key_prefix: str, tenant: str) -> bytes:
+    """tierd's index of the tenant's chunk values in RAM (:mod:`.key_index`): a sorted set,
+    member = data key. tierd never lists the keyspace (docs/tiering-index.md)."""
+    return f"{key_prefix}:{tenant}:_tierd:ram".encode()
 
 
-def data_pattern(key_prefix: str, tenant: str) -> bytes:
-    """SCAN pattern for every chunk value of the tenant (all namespaces)."""
-    return f"{key_prefix}:{tenant}:*:c:{{*}}".encode()
+def marker_index_key(key_prefix: str, tenant: str) -> bytes:
+    """tierd's index of the tier markers it wrote (:mod:`.key_index`), member = data key."""
+    return f"{key_prefix}:{tenant}:_tierd:mk".encode()
 
 
 def pack(msg: dict[str, Any]) -> bytes:

@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 SERVE_MAX = 256  # requests handled at once by a RequestServer (then BLPOP waits)
 LPOP_BATCH = 128  # requests drained without blocking after a BLPOP (one round trip)
-_REPLY_SCRIPT = b"redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])"
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class RequestServer:
         self._bad_log = requests.RateLimitedLog(log, "tierd: bad request refused")
         self._sem = asyncio.Semaphore(max_at_once)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._scripts = True  # EVAL allowed (replies), until Valkey says otherwise
+        self._transactions = True  # MULTI/EXEC allowed (replies), until Valkey says otherwise
 
     async def serve(self, stop: asyncio.Event | None = None) -> None:
         """Consume the request list until ``stop`` is set (docs/tiering-promotion.md)."""
@@ -167,22 +166,25 @@ class RequestServer:
             await self._reply(req.reply, protocol.pack({"id": req.id, "ok": ok, "result": result}))
 
     async def _reply(self, reply: bytes, payload: bytes) -> None:
-        """RPUSH + PEXPIRE as one script, so a reply list never exists without its TTL (a
-        connection lost between two commands would leak it). Where scripts are refused
-        (ACL, disabled), the two commands are sent one after the other."""
+        """RPUSH + PEXPIRE in one transaction (MULTI/EXEC), so a reply list never exists
+        without its TTL (a connection lost between two commands would leak it). No script:
+        tierd's ACL line grants no EVAL, whose scripts may run forever (docs/tiering-index.md).
+        Where a transaction fails (refused, a slot moving), the two commands one after the other."""
         try:
-            if self._scripts:
+            transaction = getattr(self.valkey, "transaction", None)
+            if transaction is not None and self._transactions:
                 try:
-                    await self.valkey.command(b"EVAL", _REPLY_SCRIPT, 1, reply, payload, protocol.REPLY_TTL_MS,
-                                              key=reply, timeout=self.timeout)
+                    await transaction((b"RPUSH", reply, payload), (b"PEXPIRE", reply, protocol.REPLY_TTL_MS),
+                                      key=reply, timeout=self.timeout)
                     return
                 except ServerError as e:
-                    log.warning("tierd: EVAL refused (%s); replies use RPUSH then PEXPIRE", e)
-                    self._scripts = False
+                    log.warning("tierd: MULTI/EXEC refused (%s); replies use RPUSH then PEXPIRE", e)
+                    self._transactions = False
+                    if getattr(e, "commands_ran", False):
+                        return  # MULTI alone was refused: RPUSH and PEXPIRE ran without it
             await self.valkey.command(b"RPUSH", reply, payload, key=reply, timeout=self.timeout)
             await self.valkey.command(b"PEXPIRE", reply, protocol.REPLY_TTL_MS, key=reply, timeout=self.timeout)
         except TransportError as e:
             log.debug("tierd: reply failed: %s", e)
-
 
 __all__ = ["CHECKS", "OPS", "Op", "RequestServer", "SERVE_MAX", "parse", "run_in_process"]

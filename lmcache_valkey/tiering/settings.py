@@ -63,7 +63,7 @@ class TieringSettings:
     demote_low_watermark: float = 0.70
     demote_idle_s: float | None = None  # demote chunks idle longer than this regardless of memory
     demote_interval_s: float = 1.0
-    demote_scan_count: int = 256
+    demote_scan_count: int = 256  # ignored (kept for old configs): tierd no longer SCANs (docs/tiering-index.md)
     breaker_failures: int = 5
     breaker_reset_s: float = 5.0
     promote_to_nvme: bool = True  # an object-tier hit is also written to NVMe

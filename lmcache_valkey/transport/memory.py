@@ -7,7 +7,7 @@ buffers (a shorter value fills only the start, a longer one is cut), ``set`` tak
 keys expire (``ttl_s``, ``PX``/``PXAT``/``PEXPIRE``, on an injectable clock), ``SCAN``
 patterns match like Valkey's (``*``, ``?``, ``[...]``), ``OBJECT IDLETIME`` and ``INFO
 memory`` report idle times and the bytes held against ``maxmemory``, and the commands tiering
-sends (strings, lists with a blocking ``BLPOP``, hashes) behave as on a server. It evicts
+sends (strings, lists with a blocking ``BLPOP``, hashes, sorted sets) behave as on a server. It evicts
 nothing and runs no scripts (``EVAL`` is refused, as a server with scripting disabled does).
 Set ``down = True`` and every call raises ``ConnectionLost``, as a dead server would.
 
@@ -39,6 +39,10 @@ class _Entry:
         self.value = value  # bytes | deque[bytes] | dict[bytes, bytes]
         self.expires_at = expires_at  # clock seconds, None = never
         self.touched = now
+
+
+class _ZSet(dict):
+    """member -> score"""
 
 
 class MemoryTransport:
@@ -140,6 +144,12 @@ class MemoryTransport:
             raise ServerError(f"ERR unknown command '{name}' (the memory transport runs no scripts)")
         return await fn(self, *[_bytes(a) for a in args[1:]])
 
+    async def transaction(self, *commands: Sequence[bytes | str | int | float], key: bytes,
+                          timeout: float) -> list[Any]:
+        """MULTI ... EXEC: the commands run one after the other, nothing in between."""
+        self._check("MULTI")
+        return [await self.command(*c, key=key, timeout=timeout) for c in commands]
+
     async def command_all_primaries(self, *args: bytes | str | int | float, timeout: float) -> list[Any]:
         return [await self.command(*args, timeout=timeout)]
 
@@ -183,6 +193,9 @@ class MemoryTransport:
             if self._live(k) is None:
                 continue
             v = e.value
+            if isinstance(v, _ZSet):
+                total += len(k) + sum(len(m) + 8 for m in v)
+                continue
             total += len(k) + (len(v) if isinstance(v, bytes) else sum(len(x) for x in (v.values() if isinstance(v, dict) else v)))
         return total
 
@@ -341,11 +354,39 @@ async def _llen(t: MemoryTransport, key: bytes) -> int:
     return len(t._container(key, deque) or ())
 
 
+async def _zadd(t: MemoryTransport, key: bytes, *pairs: bytes) -> int:
+    z = t._container(key, _ZSet)
+    if z is None:
+        z = _ZSet()
+        t._put(key, z, None)
+    added = 0
+    for score, m in zip(pairs[::2], pairs[1::2]):
+        added += m not in z
+        z[m] = float(score)
+    return added
+
+
+async def _zrem(t: MemoryTransport, key: bytes, *members: bytes) -> int:
+    z = t._container(key, _ZSet) or {}
+    n = sum(z.pop(m, None) is not None for m in members)
+    if not z:
+        t._data.pop(key, None)
+    return n
+
+
+async def _zrange(t: MemoryTransport, key: bytes, start: bytes, stop: bytes) -> list[bytes]:
+    ranked = [m for m, _ in sorted((t._container(key, _ZSet) or {}).items(), key=lambda kv: (kv[1], kv[0]))]
+    s, e = int(start), int(stop)
+    s = s if s >= 0 else max(0, len(ranked) + s)
+    e = e if e >= 0 else len(ranked) + e
+    return ranked[s : e + 1]
+
+
 _COMMANDS: dict[str, Callable[..., Any]] = {
     "GET": _get, "SET": _set, "PTTL": _pttl, "PEXPIRE": _pexpire, "EXISTS": _exists, "UNLINK": _unlink,
     "DEL": _unlink, "OBJECT IDLETIME": _idletime, "INFO": _info, "FLUSHALL": _flushall, "HSET": _hset,
     "HKEYS": _hkeys, "HDEL": _hdel, "HLEN": _hlen, "HEXISTS": _hexists, "RPUSH": _rpush, "LPOP": _lpop,
-    "BLPOP": _blpop, "LTRIM": _ltrim, "LLEN": _llen,
+    "BLPOP": _blpop, "LTRIM": _ltrim, "LLEN": _llen, "ZADD": _zadd, "ZREM": _zrem, "ZRANGE": _zrange,
 }
 
 

@@ -83,10 +83,10 @@ class Monitor:
         self.sock.close()
 
 
-def _wait(pred, what: str, timeout: float = 60.0) -> None:
+def _wait(pred, what: str, seen=lambda: None, timeout: float = 60.0) -> None:
     end = time.monotonic() + timeout
     while not pred():
-        assert time.monotonic() < end, f"timed out: {what}"
+        assert time.monotonic() < end, f"timed out: {what} ({seen()})"
         time.sleep(0.05)
 
 
@@ -134,8 +134,9 @@ def test_worker_and_tierd_send_exactly_what_their_lines_allow(valkey_server, mak
             g.ref_count_down()
         assert stack.connector.remove_sync(keys[0])  # a coordinated delete through tierd
         assert run(store.ping(), 10)
-        _wait(lambda: {"scan", "object|idletime", "hdel", "info"} <= mon.sent_by().get("lmcv-tierd", set()),
-              "tierd's background pass")
+        _wait(lambda: {"zrange", "zrem", "object|idletime", "hdel", "info", "multi", "exec"}
+              <= mon.sent_by().get("lmcv-tierd", set()),
+              "tierd's background pass", lambda: sorted(mon.sent_by().get("lmcv-tierd", set())))
     finally:
         tierd.terminate()
         tierd.wait(timeout=60)

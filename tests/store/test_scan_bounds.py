@@ -188,31 +188,3 @@ def test_the_error_is_a_transport_error_callers_already_handle() -> None:
     assert issubclass(ProtocolError, TransportError) and issubclass(DeadlineExceeded, TransportError)
 
 
-async def test_tierds_scan_loops_end_with_a_counted_error_against_a_lying_cursor(tmp_path) -> None:
-    """tierd's demotion pass, marker repair and ``evict`` of a namespace from RAM each walk
-    SCAN: against the same-cursor lie each ends with a counted error, and tierd lives on."""
-    from lmcache_valkey.tiering import TierManager
-    from lmcache_valkey.tiering.settings import tiering_settings_from_mapping
-    from lmcache_valkey.transport.resp import RespClient
-
-    ts = tiering_settings_from_mapping({"tiering": "embedded", "nvme_dir": str(tmp_path), "nvme_budget_bytes": "64MiB",
-                                        "demote_interval_s": 3600, "demote_idle_s": 1})
-    with HostileServer(cursors_from(itertools.repeat(b"7"))) as server:
-        settings = settings_from_mapping({"url": server.url, "cluster": "no", "op_timeout_s": 1,
-                                          "connect_timeout_s": 2}, env={})
-        valkey = RespClient(settings)
-        await valkey.start()
-        m = TierManager(settings, ts, valkey)
-        try:
-            await m.start(background=False)
-            before = scan_errors("protocol")
-            with pytest.raises(ProtocolError):
-                await asyncio.wait_for(m.demote_once(), WITHIN_S)
-            with pytest.raises(ProtocolError):
-                await asyncio.wait_for(m.repair_markers(), WITHIN_S)
-            with pytest.raises(ProtocolError):
-                await asyncio.wait_for(m.evict("ram", prefix=NS.data_pattern()[:-1]), WITHIN_S)
-            assert scan_errors("protocol") == before + 3
-        finally:
-            await m.close()
-            await valkey.close()

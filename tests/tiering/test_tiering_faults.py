@@ -368,8 +368,10 @@ async def test_marker_write_racing_a_delete_and_stray_markers_are_removed(small_
         m.ledger.lost(key, "nvme")  # ... when the chunk goes
         await t
         assert await client.exists_many([marker_of(key)], timeout=5.0) == [False]
-        # a marker nobody indexes (left by a crash, or another race) goes at the repair pass
+        # a marker tierd wrote that no tier backs any more (left by a crash, or another race)
+        # goes at the repair pass: found in tierd's own index of markers, never by SCAN
         other, _ = chunk(2, 10_000)
+        await m.markers.index.add([other])
         await client.command(b"SET", marker_of(other), b"s", key=marker_of(other), timeout=5.0)
         k3, v3 = chunk(3, 10_000)
         await _put_tiered(m, client, k3, v3)

@@ -759,6 +759,28 @@ class RespClient:
             raise r
         return r
 
+    async def transaction(self, *commands: Sequence[bytes | str | int | float], key: bytes,
+                          timeout: float) -> list[Any]:
+        """``MULTI``, ``commands``, ``EXEC`` in one write on the node that owns ``key`` (every
+        command on that key's slot): all of them run, or none. Returns EXEC's replies; raises
+        the first error (a refused command aborts the whole transaction)."""
+        data = b"".join([encode_command((b"MULTI",)), *(encode_command(c) for c in commands),
+                         encode_command((b"EXEC",))])
+        op = Op(0, (data,), None, key, bound=self._control_bound)
+        op.node, op.nreplies = self._route(key), len(commands) + 2
+        (r,) = await self._run([op], large=False, timeout=timeout)
+        if isinstance(r, BaseException):
+            raise r
+        if isinstance(r[0], ServerError):  # MULTI refused (ACL): the commands ran one by one
+            r[0].commands_ran = all(not isinstance(v, BaseException) for v in r[1:-1])
+            raise r[0]
+        for v in r:
+            if isinstance(v, BaseException):
+                raise v
+        if not isinstance(r[-1], list) or len(r[-1]) != len(commands):
+            raise ProtocolError(f"unexpected EXEC reply: {describe(r[-1])}")
+        return r[-1]
+
     def primaries(self) -> list[Node]:
         return list(self._map.primaries) if self._cluster else [self._primary]
 
