@@ -225,3 +225,17 @@ def test_vllm_plugin_hook_waits_for_lmcache_to_be_imported_by_its_user():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "VLLMPagedCPUConnector"
+
+
+def test_a_model_the_connector_cannot_read_is_reported_not_silently_recomputed(factory, caplog):
+    hook.patch(factory, "auto")
+    caplog.set_level(logging.ERROR, logger=hook.__name__)
+    mla = metadata()
+    mla.use_mla = True
+
+    with pytest.raises(KVLayoutError, match="MLA"):
+        factory.CreateGPUConnector(config(), mla, EngineType.VLLM)
+
+    assert any("refused this model" in r.getMessage() for r in caplog.records)
+    assert metrics.sample_sum(metrics.render_latest().decode(), "lmcache_valkey_lmcache_degraded",
+                              {"reason": "no_kv_connector"}) == 1

@@ -167,7 +167,12 @@ def _wrap(original: Callable[..., Any], mode: str, version: str) -> Callable[...
         if engine == EngineType.VLLM and device == "cpu" and mode == "auto":
             from .kv_connector import VLLMPagedCPUConnector
 
-            connector = VLLMPagedCPUConnector.from_metadata(metadata)
+            try:
+                connector = VLLMPagedCPUConnector.from_metadata(metadata)
+            except Exception as e:
+                report_degraded("no_kv_connector", f"lmcache-valkey's CPU KV connector refused this model: {e}",
+                                "Serve a model whose KV cache it reads (docs/vllm-cpu.md).")
+                raise
             log.info("lmcache-valkey: LMCache %s has no KV connector for vLLM's CPU platform; "
                      "using lmcache-valkey's (%d layers, %d KV heads x %d, %s). %s=off turns it off.",
                      version, connector.num_layers, connector.num_heads,
@@ -176,8 +181,8 @@ def _wrap(original: Callable[..., Any], mode: str, version: str) -> Callable[...
         try:
             return original(config, metadata, engine, layout_hints)
         except Exception as e:
-            fix = ("lmcache-valkey supplies one for vLLM's CPU platform: unset "
-                   f"{MODE_ENV}=off." if device == "cpu" and mode == "off" else
+            fix = (f"lmcache-valkey supplies one for vLLM's CPU platform: unset {MODE_ENV} "
+                   "(it is off)." if device == "cpu" and mode == "off" else
                    "Fix what LMCache's error names, or run on a platform LMCache supports.")
             report_degraded("no_kv_connector", f"LMCache {version} on {device}: {e}", fix)
             raise
