@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import statistics
 import sys
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> dict:
     max_len = max(lengths) + 64
     results: dict = {"lengths": lengths, "repeats": args.repeats, "rows": {}, "concurrency": {}}
     valkey = ValkeyServer(args=endpoint_args(arena_mb=512)).start()
+    servers = contextlib.ExitStack()  # every vLLM server is stopped, whatever fails
     try:
         for transport in args.transports.split(","):
             # "nvme": RESP with embedded tiering; RAM loses every chunk before B asks for it.
@@ -69,8 +71,11 @@ def run(args: argparse.Namespace) -> dict:
 
             def server(name: str) -> VllmServer:
                 s = VllmServer(python=sys.executable, model=model, port=free_port(), workdir=work,
-                               lmcache=cfg, name=f"{name}-{transport}", max_model_len=max_len).start().wait_ready(600)
-                s.complete([5, 6, 7, 8])  # warm: the first forward pass of a server is not what we time
+                               lmcache=cfg, name=f"{name}-{transport}", max_model_len=max_len)
+                servers.callback(s.stop)
+                s.start().wait_ready(600)
+                # Warm: a server's first long prefill and first load are not what we time.
+                s.complete(prompt(-1, 2048, vocab) + Q1)
                 return s
 
             seeds = {(n, r): 1000 * n + r for n in lengths for r in range(args.repeats)}
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> dict:
                 "hit_p50": median(hits), "hit_p99": pct(hits, 0.99),
                 "recompute_p50": median(fresh), "recompute_p99": pct(fresh, 0.99)}
     finally:
+        servers.close()
         valkey.stop()
     return results
 

@@ -122,7 +122,7 @@ OPS = (
 )
 BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
 ADMISSION_DECISIONS = ("admitted", "rejected")
-DEGRADED_REASONS = ("no_kv_connector", "hook_incompatible")
+DEGRADED_REASONS = ("no_kv_connector", "hook_incompatible", "unsupported_config")
 OTHER = "other"
 
 # 100 µs .. 30 s, roughly 1-2.5-5 per decade.
@@ -252,7 +252,8 @@ LMCACHE_DEGRADED = Gauge(
     _n("lmcache_degraded"),
     "1 while LMCache in this process runs without a KV connector and recomputes every request "
     "(no_kv_connector: LMCache has none for this platform; hook_incompatible: this LMCache is "
-    "one lmcache-valkey cannot supply its CPU connector to).",
+    "one lmcache-valkey cannot supply its CPU connector to; unsupported_config: an LMCache mode "
+    "the CPU connector refuses).",
     ["reason"],
     multiprocess_mode="livemax",
 )

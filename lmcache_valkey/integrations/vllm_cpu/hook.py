@@ -36,6 +36,9 @@ MODES = ("auto", "off")
 _FACTORY_PARAMS = ("config", "metadata", "engine", "layout_hints")
 _CONNECTOR_METHODS = {"to_gpu", "from_gpu", "batched_to_gpu", "batched_from_gpu", "get_shape"}
 _MARK = "__lmcache_valkey_original__"
+# LMCache modes that need another kind of connector (layer by layer, blending buffers, the
+# CUDA v3 kernels, disaggregated prefill's): refused at once, never half-served.
+UNSUPPORTED_MODES = ("use_layerwise", "enable_blending", "use_gpu_connector_v3", "enable_pd")
 
 _reported: set[str] = set()
 _report_lock = threading.Lock()
@@ -126,19 +129,27 @@ class _PostImport(importlib.abc.MetaPathFinder):
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self._asking = threading.local()  # another finder that asks the others too must not loop
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in WATCHED:
+        if name not in WATCHED or getattr(self._asking, "name", None) == name:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, self.mode)
-                return spec
-        return None
+        self._asking.name = name
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _PatchingLoader(spec.loader, self.mode)
+                    else:
+                        log.error("lmcache-valkey cannot hook %s (its loader %r runs no exec_module): on vLLM's "
+                                  "CPU platform LMCache may then serve every request by recompute", name, spec.loader)
+                    return spec
+            return None
+        finally:
+            self._asking.name = None
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -148,6 +159,9 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, resource readers: the real loader's
+        return getattr(self.loader, name)
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
@@ -166,6 +180,13 @@ def _wrap(original: Callable[..., Any], mode: str, version: str) -> Callable[...
         device = str(getattr(lmcache, "torch_device_type", "unknown"))
         if engine == EngineType.VLLM and device == "cpu" and mode == "auto":
             from .kv_connector import VLLMPagedCPUConnector
+
+            unsupported = [name for name in UNSUPPORTED_MODES if getattr(config, name, False)]
+            if unsupported:
+                report_degraded("unsupported_config", f"LMCache's {', '.join(unsupported)} on vLLM's CPU platform",
+                                f"Set {' and '.join(f'{n}: false' for n in unsupported)} in LMCache's config: "
+                                "lmcache-valkey's CPU KV connector moves whole chunks only.")
+                raise ValueError(f"{', '.join(unsupported)} is not supported by lmcache-valkey's CPU KV connector")
 
             try:
                 connector = VLLMPagedCPUConnector.from_metadata(metadata)

