@@ -449,6 +449,8 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--rtol", type=float, default=TOLERANCE)
     _add_model_arguments(p)
     args = p.parse_args(list(argv))
+    if args.prefix_tokens is None:  # (run alone: the LMCache demo's default, as run_demo sets it)
+        args.prefix_tokens = 2100
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.threads:
         import torch
