@@ -20,6 +20,7 @@ import concurrent.futures
 import contextlib
 import json
 import statistics
+import secrets
 import sys
 import tempfile
 import time
@@ -66,8 +67,8 @@ def run(args: argparse.Namespace) -> dict:
             # "nvme": RESP with embedded tiering; RAM loses every chunk before B asks for it.
             tiers = dict(transport="tcp", tiering="embedded", nvme_dir=str(work / "nvme"),
                          admission="always") if transport == "nvme" else dict(transport=transport)
-            cfg = lmcache_config(valkey.url, tenant=f"bench-{transport}", op_timeout_s=10.0,
-                                 lookup_timeout_s=2.0, **tiers)
+            cfg = lmcache_config(valkey.url, tenant=f"bench-{transport}", tenant_secret=secrets.token_hex(32),
+                                 op_timeout_s=10.0, lookup_timeout_s=2.0, **tiers)
 
             def server(name: str) -> VllmServer:
                 s = VllmServer(python=sys.executable, model=model, port=free_port(), workdir=work,

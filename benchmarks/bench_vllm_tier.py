@@ -37,6 +37,7 @@ import argparse
 import mmap
 import os
 import pathlib
+import secrets
 import shutil
 import socket
 import sys
@@ -61,6 +62,8 @@ MODULE_SO = ROOT / "endpoint" / "build" / "lmcv_blob.so"
 STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 POLL_S = 0.001
 GB = 1e9
+# The benchmark tenants' key secret (a tenant other than "default" needs one), one per run.
+BENCH_SECRET = secrets.token_hex(32)
 
 
 class Primary:
@@ -220,12 +223,13 @@ def main() -> None:
                 # deadlines are generous here (this measures throughput, not deadlines).
                 slack = {"op_timeout_s": 60}
                 entries = {
-                    "valkey": {**TIER, "url": server.url, "transport": "tcp", "tenant": f"bench{kib}", **slack},
+                    "valkey": {**TIER, "url": server.url, "transport": "tcp", "tenant": f"bench{kib}",
+                                         "tenant_secret": BENCH_SECRET, **slack},
                     "fs": {"type": "fs", "root_dir": os.path.join(base, f"fs{kib}")},
                 }
                 if fabric:
                     entries["valkey-rma"] = {**TIER, "url": server.url, "transport": "fabric",
-                                             "fabric_provider": "tcp;ofi_rxm", "tenant": f"rma{kib}",
+                                             "fabric_provider": "tcp;ofi_rxm", "tenant": f"rma{kib}", "tenant_secret": BENCH_SECRET,
                                              "fabric_scratch_bytes": "4MiB", **slack}
                 runs: dict[str, Any] = {name: TierRun(build(e, primary, layout), primary, n, a.job_blocks)
                                         for name, e in entries.items()}

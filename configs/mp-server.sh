@@ -14,7 +14,10 @@
 #                     larger than max_capacity (docs/lmcache-mp.md, "Byte accounting")
 #
 # Password: LMCACHE_VALKEY_PASSWORD or LMCACHE_VALKEY_PASSWORD_FILE in the server's
-# environment (never in the JSON, which shows up in process listings).
+# environment (never in the JSON, which shows up in process listings). The tenant's secret
+# (`openssl rand -hex 32`, the same in every MP server of the tenant) from the file the JSON's
+# tenant_secret_file names (or LMCACHE_VALKEY_TENANT_SECRET_FILE): a tenant other than
+# "default" does not start without one unless it says require_tenant_secret: false.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ADAPTER="${1:-$HERE/mp-tcp.json}"

@@ -4,7 +4,8 @@ Sources, in order of precedence: LMCache ``extra_config``
 (``remote_storage_plugin.<name>.<key>``), then the query string of ``url``, then
 environment variables for secrets (``LMCACHE_VALKEY_USERNAME``,
 ``LMCACHE_VALKEY_PASSWORD``, ``LMCACHE_VALKEY_PASSWORD_FILE``,
-``LMCACHE_VALKEY_TENANT_SECRET``, ``LMCACHE_VALKEY_TENANT_SECRET_FILE``). Every bad or
+``LMCACHE_VALKEY_TENANT_SECRET``, ``LMCACHE_VALKEY_TENANT_SECRET_FILE``, and
+``LMCACHE_VALKEY_REQUIRE_TENANT_SECRET`` for the opt-out below). Every bad or
 unknown key raises :class:`~lmcache_valkey.errors.ConfigError` naming the key and
 the expected form. Nothing downstream re-parses strings.
 """
@@ -91,6 +92,10 @@ class Settings:
     # The tenant's key-derivation secret (keys.tenant_key): chunk ids and namespace digests
     # are keyed with it, so nobody without it can compute or probe them. Never shown.
     tenant_secret: bytes | None = field(default=None, repr=False)
+    # A worker of a tenant other than "default" refuses to derive chunk ids without
+    # tenant_secret (check_tenant_secret); False is the explicit, documented weaker mode
+    # (docs/security.md, "Tenant secrets").
+    require_tenant_secret: bool = True
 
     @property
     def url_for_humans(self) -> str:
@@ -367,6 +372,7 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "transport": ("transport", lambda k, v: _as_transport(k, v)),
     "key_prefix": ("key_prefix", lambda k, v: _check_tenant(k, parse_str(k, v))),
     "model_revision": ("model_revision", parse_str),
+    "require_tenant_secret": ("require_tenant_secret", parse_bool),
 }
 _TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
 _FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}
@@ -402,7 +408,8 @@ def _tenant_secret(merged: Mapping[str, Any], env: Mapping[str, str]) -> bytes |
 # variable ("LMCACHE_VALKEY_PASWORD"): said once, by name, never with its value.
 ENV_NAMES = frozenset({"LMCACHE_VALKEY_USERNAME", "LMCACHE_VALKEY_PASSWORD", "LMCACHE_VALKEY_PASSWORD_FILE",
                        "LMCACHE_VALKEY_TENANT_SECRET", "LMCACHE_VALKEY_TENANT_SECRET_FILE", "LMCACHE_VALKEY_CRC32C",
-                       "LMCACHE_VALKEY_LIBFABRIC_PREFIX", "LMCACHE_VALKEY_PLUGIN_NAMES"})
+                       "LMCACHE_VALKEY_LIBFABRIC_PREFIX", "LMCACHE_VALKEY_PLUGIN_NAMES",
+                       "LMCACHE_VALKEY_REQUIRE_TENANT_SECRET"})
 _ENV_WARNED: set[str] = set()
 
 
@@ -460,6 +467,9 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
         elif env.get("LMCACHE_VALKEY_PASSWORD"):
             values["password"] = env["LMCACHE_VALKEY_PASSWORD"]
     values["tenant_secret"] = _tenant_secret(merged, env)
+    if "require_tenant_secret" not in values and env.get("LMCACHE_VALKEY_REQUIRE_TENANT_SECRET"):
+        values["require_tenant_secret"] = parse_bool("LMCACHE_VALKEY_REQUIRE_TENANT_SECRET",
+                                                     env["LMCACHE_VALKEY_REQUIRE_TENANT_SECRET"])
     if "tls" in merged:
         tls_on = parse_bool("tls", merged["tls"]) or tls_on
     if tls_on or any(k in merged for k in _TLS_KEYS - {"tls"}):
@@ -491,6 +501,27 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
     return s
 
 
+def tenant_secret_missing(s: Settings) -> bool:
+    """True when a worker of these settings must not derive chunk ids: a tenant other than
+    ``default``, no ``tenant_secret``, and no explicit ``require_tenant_secret: false``."""
+    return s.tenant != "default" and s.tenant_secret is None and s.require_tenant_secret
+
+
+def check_tenant_secret(s: Settings) -> None:
+    """Called where a worker derives its namespace (``session.namespace_for``), at start-up:
+    without the tenant's secret, anyone who learns one of its key names or its namespace
+    digest can confirm that a guessed prompt was cached by that tenant (docs/security.md,
+    "Tenant secrets"). tierd, doctor and quickbench never derive a tenant's ids: unaffected."""
+    if tenant_secret_missing(s):
+        raise ConfigError(
+            "tenant_secret",
+            f"a tenant secret for tenant {s.tenant!r} (a tenant other than 'default' needs one): set "
+            "tenant_secret_file (or LMCACHE_VALKEY_TENANT_SECRET_FILE; 16-4096 bytes, e.g. `openssl rand -hex 32`, "
+            "the same in every worker of the tenant), or accept that whoever learns a key name can confirm a "
+            "guessed prompt was cached with require_tenant_secret: false (or "
+            "LMCACHE_VALKEY_REQUIRE_TENANT_SECRET=0); docs/security.md")
+
+
 def settings_from_url(url: str, **kw: Any) -> Settings:
     return settings_from_mapping({"url": url}, **kw)
 
@@ -513,6 +544,8 @@ __all__ = [
     "parse_str",
     "settings_from_mapping",
     "settings_from_url",
+    "check_tenant_secret",
+    "tenant_secret_missing",
     "replace",
     "fields",
 ]

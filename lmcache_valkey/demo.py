@@ -449,6 +449,8 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--rtol", type=float, default=TOLERANCE)
     _add_model_arguments(p)
     args = p.parse_args(list(argv))
+    if args.prefix_tokens is None:  # (run alone: the LMCache demo's default, as run_demo sets it)
+        args.prefix_tokens = 2100
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.threads:
         import torch
@@ -612,6 +614,27 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_mp_arguments(parser)
 
 
+# Where a worker finds its tenant's secret, as a deployment mounts it (config.py).
+_SECRET_ENV = ("LMCACHE_VALKEY_TENANT_SECRET", "LMCACHE_VALKEY_TENANT_SECRET_FILE")
+
+
+@contextlib.contextmanager
+def demo_tenant_secret(tenant: str) -> Iterator[None]:
+    """A tenant other than ``default`` needs its secret (docs/security.md): unless the user
+    gave one, every worker of this run (each a child process, whatever the engine) shares a
+    random one from the environment, gone when the demo ends."""
+    if tenant == "default" or any(os.environ.get(k) for k in _SECRET_ENV):
+        yield
+        return
+    import secrets
+
+    os.environ[_SECRET_ENV[0]] = secrets.token_hex(32)
+    try:
+        yield
+    finally:
+        os.environ.pop(_SECRET_ENV[0], None)
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -626,16 +649,17 @@ def run_demo(args: argparse.Namespace) -> int:
     if getattr(args, "prefix_tokens", None) is None:
         args.prefix_tokens = 8192 if engine == "vllm" else 2100
     try:
-        if engine == "vllm":
-            from .serving.demo import run_vllm_demo
+        with demo_tenant_secret(getattr(args, "tenant", "default")):
+            if engine == "vllm":
+                from .serving.demo import run_vllm_demo
 
-            rc = run_vllm_demo(args, workdir)
-        elif getattr(args, "mode", "inprocess") == "mp":
-            from .demo_mp import run_mp_demo
+                rc = run_vllm_demo(args, workdir)
+            elif getattr(args, "mode", "inprocess") == "mp":
+                from .demo_mp import run_mp_demo
 
-            rc = run_mp_demo(args, workdir)
-        else:
-            rc = _run_demo(args, workdir)
+                rc = run_mp_demo(args, workdir)
+            else:
+                rc = _run_demo(args, workdir)
         return rc
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

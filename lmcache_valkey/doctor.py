@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from . import acl
-from .config import Settings, format_size
+from .config import Settings, format_size, tenant_secret_missing
 from .endpoint_build import build_command
 from .errors import AuthError, LmcacheValkeyError, ServerError, TransportError
 from .extras import missing_extra
@@ -266,9 +266,16 @@ class Doctor:
         s = self.settings
         if s.tenant_secret is not None:
             self.add("secret", OK, "chunk ids are keyed with the tenant secret")
+        elif tenant_secret_missing(s):
+            self.add("secret", FAIL, f"no tenant_secret for tenant {s.tenant!r}: its workers refuse to start "
+                                     "(a tenant other than 'default' needs one)",
+                     "set tenant_secret_file (the same secret in every worker of the tenant; `openssl rand -hex 32`), "
+                     "or accept the risk with require_tenant_secret: false (docs/security.md)")
         elif s.username or s.tenant != "default":
-            self.add("secret", WARN, f"no tenant_secret: whoever knows the tenant name {s.tenant!r} can compute "
-                                     "its chunk ids, and a tenant that can list keys can probe its prompts",
+            opted = " (require_tenant_secret: false)" if s.tenant != "default" else ""
+            self.add("secret", WARN, f"no tenant_secret{opted}: whoever knows the tenant name {s.tenant!r} can "
+                                     "compute its chunk ids, and whoever learns a key name can confirm a guessed "
+                                     "prompt was cached",
                      "set tenant_secret_file (the same secret in every worker of the tenant; `openssl rand -hex 32`)")
 
     async def _modules(self) -> None:

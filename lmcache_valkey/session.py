@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
-from .config import Settings
+from .config import Settings, check_tenant_secret
 from .keys import Namespace, make_namespace
 from .loop_thread import LoopThread
 from .store import ChunkStore, open_store
@@ -39,7 +39,10 @@ LOOP_GRACE_S = 0.5
 
 def namespace_for(settings: Settings, fields: Mapping[str, Any]) -> Namespace:
     """The namespace of a layout: the engine's compatibility ``fields`` plus what every engine
-    shares (``model_revision``: adapters, tokenizer, revision the engine does not know)."""
+    shares (``model_revision``: adapters, tokenizer, revision the engine does not know).
+    Every worker derives its ids from here: a tenant other than ``default`` without its
+    secret is refused (:func:`~lmcache_valkey.config.check_tenant_secret`), a ConfigError."""
+    check_tenant_secret(settings)
     return make_namespace(
         settings.key_prefix, settings.tenant, {**fields, "revision": settings.model_revision}, settings.namespace,
         secret=settings.tenant_secret,
@@ -66,8 +69,10 @@ class StoreSession:
         self.settings = settings
         self.namespace = namespace
         if namespace.secret is None:
-            log.info("lmcache-valkey: chunk ids of tenant %s are derived without a tenant secret: whoever knows "
-                     "the tenant's name can compute them (set tenant_secret, docs/security.md)", namespace.tenant)
+            # (a tenant other than "default" gets here only with require_tenant_secret: false)
+            log.log(logging.INFO if namespace.tenant == "default" else logging.WARNING,
+                    "lmcache-valkey: chunk ids of tenant %s are derived without a tenant secret: whoever knows "
+                    "the tenant's name can compute them (set tenant_secret_file, docs/security.md)", namespace.tenant)
         self.io = LoopThread(name)
         self._lookups: concurrent.futures.ThreadPoolExecutor | None = None  # started on first use
         self._lookups_lock = threading.Lock()

@@ -207,11 +207,15 @@ def test_malformed_settings_exit_2():
     assert code == 2 and "url" in checks["usage"]["detail"]
 
 
-def _as_user(server, tmp_path, user: str, *extra: str):
+# team-a's key secret, as its workers get it (a tenant other than "default" needs one).
+TEAM_A_SECRET = {"LMCACHE_VALKEY_TENANT_SECRET": "team-a-secret-0123456789"}
+
+
+def _as_user(server, tmp_path, user: str, *extra: str, env: dict[str, str] | None = TEAM_A_SECRET):
     pw = tmp_path / f"{user}-pw"
     pw.write_text("pw")
     return doctor("--url", server.url, "--username", user, "--password-file", str(pw), "--tenant", "team-a",
-                  "--transport", "tcp", *extra)
+                  "--transport", "tcp", *extra, env=env)
 
 
 def test_a_user_that_reaches_past_its_tenant_is_warned_and_nothing_is_run(valkey_server, tmp_path):
@@ -244,10 +248,14 @@ def test_a_user_that_reaches_past_its_tenant_is_warned_and_nothing_is_run(valkey
     assert valkey_server.cmd("DBSIZE") == 1
 
 
-def test_a_tenant_without_a_key_secret_is_warned(valkey_server, tmp_path):
+def test_a_tenant_without_a_key_secret_fails_and_its_explicit_opt_out_is_warned(valkey_server, tmp_path):
     valkey_server.cmd("ACL", "SETUSER", "team-a", "on", ">pw", "~lmcv:team-a:*", "+@all")
-    _, checks = _as_user(valkey_server, tmp_path, "team-a")
-    assert checks["secret"]["status"] == "warn" and "tenant_secret" in checks["secret"]["fix"]
+    code, checks = _as_user(valkey_server, tmp_path, "team-a", env=None)  # its workers would not start
+    assert code == 1 and checks["secret"]["status"] == "fail", checks["secret"]
+    assert "tenant_secret_file" in checks["secret"]["fix"] and "require_tenant_secret: false" in checks["secret"]["fix"]
+    _, checks = _as_user(valkey_server, tmp_path, "team-a", env={"LMCACHE_VALKEY_REQUIRE_TENANT_SECRET": "0"})
+    assert checks["secret"]["status"] == "warn" and "require_tenant_secret: false" in checks["secret"]["detail"]
+    assert "tenant_secret" in checks["secret"]["fix"]
     secret = tmp_path / "secret"
     secret.write_text("team-a-secret-0123456789")
     cfg = tmp_path / "lmcache.yaml"

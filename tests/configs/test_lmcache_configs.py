@@ -12,7 +12,7 @@ import pytest
 
 lmcache_config = pytest.importorskip("lmcache.v1.config", reason="lmcache (extra 'lmcache') is not installed")
 
-from lmcache_valkey.config import KNOWN_KEYS, LMCACHE_OWN_KEYS, settings_from_mapping  # noqa: E402
+from lmcache_valkey.config import KNOWN_KEYS, LMCACHE_OWN_KEYS, check_tenant_secret, settings_from_mapping  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -90,6 +90,7 @@ def test_plugin_keys_validate(name, tmp_path):
     tiering = {k: v for k, v in keys.items() if k in TIERING_KEYS and k not in KNOWN_KEYS}
     connection = {k: v for k, v in keys.items() if k not in tiering}
     settings = settings_from_mapping(connection, env={})
+    check_tenant_secret(settings)  # a worker of this example starts (a named tenant gives its secret)
     assert settings.tenant == keys["tenant"]
     assert settings.transport == keys["transport"]
     if name == "multi-tenant.yaml":

@@ -15,14 +15,23 @@ pytest.importorskip("lmcache.v1.distributed.l2_adapters.config", reason="lmcache
 
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config  # noqa: E402
 
+from lmcache_valkey.config import check_tenant_secret  # noqa: E402
 from lmcache_valkey.integrations.lmcache_mp import LmcvL2AdapterConfig  # noqa: E402
+from support.tenant_secrets import with_test_secret  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 NAMES = ["mp-tcp.json", "mp-fabric.json", "mp-tiered.json", "mp-eviction.json"]
 
 
-def _spec(name: str) -> dict:
+def _shipped(name: str) -> dict:
     return json.loads((CONFIGS / name).read_text())
+
+
+def _spec(name: str) -> dict:
+    """The example as written, its tenant secret's pod path swapped for a secret given here."""
+    spec = _shipped(name)
+    spec["adapter_params"] = with_test_secret(spec["adapter_params"])
+    return spec
 
 
 def test_every_mp_config_is_here_and_the_launch_script_names_each():
@@ -41,6 +50,8 @@ def test_parses_with_lmcache_and_validates_with_our_config_class(name):
     assert outer.module_path == spec["module_path"] and outer.class_name == spec["class_name"]
     cfg = LmcvL2AdapterConfig.from_dict(outer.adapter_params)
     assert cfg.settings.tenant == "team-a"
+    assert "tenant_secret_file" in _shipped(name)["adapter_params"]  # a named tenant gives its secret
+    check_tenant_secret(cfg.settings)
     if name == "mp-eviction.json":
         assert outer.eviction_config is not None and outer.eviction_config.eviction_policy == "LRU"
         assert cfg.max_capacity_bytes == 40 << 30

@@ -9,16 +9,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_readme_yaml_loads_with_lmcache_and_the_plugin_parser(tmp_path):
     from lmcache.v1.config import LMCacheEngineConfig
 
+    from lmcache_valkey.config import check_tenant_secret
     from lmcache_valkey.integrations.lmcache.adapter import parse_plugin_settings
 
     block = re.search(r"```yaml\n(# lmcache\.yaml.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert block, "README lost its LMCache YAML example"
     path = tmp_path / "lmcache.yaml"
-    path.write_text(block.group(1))
+    secret = tmp_path / "tenant-secret"  # (the README names the pod's mount path)
+    secret.write_text("a-tenant-secret-of-32-characters\n")
+    assert "/etc/lmcache-valkey/tenant-secret" in block.group(1), "the README's tenant gives its secret"
+    path.write_text(block.group(1).replace("/etc/lmcache-valkey/tenant-secret", str(secret)))
     cfg = LMCacheEngineConfig.from_file(str(path))
     assert cfg.remote_storage_plugins == ["valkey"]
     settings, tiering = parse_plugin_settings(cfg.extra_config, "valkey", env={})
     assert settings.tenant == "team-a" and settings.nodes[0].host == "valkey.cache.svc"
+    check_tenant_secret(settings)  # a worker of it starts
     assert not tiering.enabled
 
 
@@ -138,7 +143,7 @@ def _code_default(key: str):
 
 
 def test_every_core_setting_is_in_the_readme_table_with_its_default():
-    from lmcache_valkey.config import KNOWN_KEYS, parse_size
+    from lmcache_valkey.config import KNOWN_KEYS, parse_bool, parse_size
     from lmcache_valkey.tiering.settings import KNOWN_KEYS as TIERING_KEYS
 
     listed: set[str] = set()
@@ -156,7 +161,9 @@ def test_every_core_setting_is_in_the_readme_table_with_its_default():
         assert len(shown) == len(keys), keys_cell
         for key, text in zip(keys, shown):
             want = _code_default(key)
-            if isinstance(want, str):
+            if isinstance(want, bool):
+                assert parse_bool(key, text) is want, key
+            elif isinstance(want, str):
                 assert (text if text != '""' else "") == want, key
             elif key.endswith("_bytes"):
                 assert parse_size(key, text) == want, key

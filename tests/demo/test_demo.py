@@ -27,9 +27,10 @@ def _env(tmp: object) -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], tmp: object, timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lmcache_valkey.demo", *args], cwd=ROOT, env=_env(tmp),
-                          capture_output=True, text=True, timeout=timeout)
+def _run(args: list[str], tmp: object, timeout: float = 280,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lmcache_valkey.demo", *args], cwd=ROOT,
+                          env={**_env(tmp), **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
@@ -82,7 +83,11 @@ def test_other_model_gets_no_hits(valkey_server, tmp_path):
     """Another model (weight seed 1 -> other model name and weight fingerprint) never hits the
     chunks worker A (seed 0) stored; the same model, on the same server, still does."""
     out_json = tmp_path / "demo.json"
-    r = _run(["--url", valkey_server.url, "--b-seed", "1", "--repeats", "1", "--json", str(out_json)], tmp_path)
+    # The demo's tenant secret, given (else each run draws its own): the control below is a
+    # worker of the same tenant, started after the demo.
+    secret = {"LMCACHE_VALKEY_TENANT_SECRET": "demo-secret-0123456789abcdef"}
+    r = _run(["--url", valkey_server.url, "--b-seed", "1", "--repeats", "1", "--json", str(out_json)], tmp_path,
+             env=secret)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
     assert re.search(r"^\[B\] lookup: 0 of 8 chunks hit", r.stdout, re.M), text
@@ -97,7 +102,7 @@ def test_other_model_gets_no_hits(valkey_server, tmp_path):
     # Control: the chunks are there for the model that wrote them.
     result = tmp_path / "b0.json"
     r = _run(["worker", "--role", "continue", "--url", valkey_server.url, "--seed", "0", "--repeats", "1",
-              "--result", str(result)], tmp_path)
+              "--result", str(result)], tmp_path, env=secret)
     assert r.returncode == 0, r.stdout + r.stderr
     b0 = json.loads(result.read_text())
     assert b0["chunks_hit"] == 8 and b0["logits_match"] is True and b0["revision"] == a["revision"]

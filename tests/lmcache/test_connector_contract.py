@@ -22,7 +22,8 @@ def _run(stack, coro):
 
 
 def test_create_connector_without_metadata_uses_the_local_cpu_backends(valkey_server, make_stack, caplog):
-    stack = make_stack({"url": valkey_server.url, "tenant": "contract"})
+    stack = make_stack({"url": valkey_server.url, "tenant": "contract",
+                        "tenant_secret": "contract-secret-0123456789"})
     caplog.set_level(logging.ERROR)
     conn = CreateConnector("plugin://valkey", stack.loop, stack.local_cpu, stack.config)  # no metadata
     try:

@@ -142,15 +142,20 @@ def test_damaged_values_are_counted_misses_and_removed(valkey_server, make_stack
 def test_acl_user_cannot_read_another_tenants_chunks(valkey_server, make_stack):
     for user in ("alice", "bob"):
         valkey_server.cmd("ACL", "SETUSER", user, "on", f">{user}-pw", "resetkeys", f"~lmcv:{user}:*", "+@all")
-    alice = make_stack({"url": valkey_server.url, "username": "alice", "password": "alice-pw", "tenant": "alice"})
+    alice_secret = "alice-secret-0123456789abcdef"
+    alice = make_stack({"url": valkey_server.url, "username": "alice", "password": "alice-pw", "tenant": "alice",
+                        "tenant_secret": alice_secret})
     assert alice.connector is not None
     store(alice, [1, 2])
-    bob_own = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "bob"})
+    bob_own = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "bob",
+                          "tenant_secret": "bob-secret-fedcba9876543210"})
     assert bob_own.connector is not None
     assert bob_own.remote.batched_contains([SMALL.key(1), SMALL.key(2)]) == 0
     assert bob_own.remote.get_blocking(SMALL.key(1)) is None
-    # Bob claims to be tenant alice: the server's ACL refuses, and that is a miss, not a hit.
-    bob_as_alice = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "alice"})
+    # Bob claims to be tenant alice, even with her secret (so he derives her very keys): the
+    # server's ACL refuses, and that is a miss, not a hit.
+    bob_as_alice = make_stack({"url": valkey_server.url, "username": "bob", "password": "bob-pw", "tenant": "alice",
+                               "tenant_secret": alice_secret})
     assert bob_as_alice.connector is not None  # connected fine; the server refuses alice's keys
     assert bob_as_alice.remote.batched_contains([SMALL.key(1)]) == 0
     assert bob_as_alice.remote.get_blocking(SMALL.key(1)) is None

@@ -13,7 +13,7 @@ from lmcache_valkey.integrations.lmcache.stack import Layout
 
 
 def test_put_lookup_and_every_get_flavour_are_byte_exact(valkey_server, make_stack):
-    stack = make_stack({"url": valkey_server.url, "tenant": "t1"})
+    stack = make_stack({"url": valkey_server.url, "tenant": "t1", "tenant_secret": "t1-secret-0123456789abcdef"})
     remote, lay = stack.remote, stack.layout
     assert stack.connector is not None, "plugin failed to start"
     keys = [lay.key(1000 + i) for i in range(6)]

@@ -18,7 +18,7 @@ def wait_for(pred, timeout=30.0, what="condition"):
 def test_embedded_tiering_serves_evicted_chunks_from_nvme_then_s3(valkey_server, make_stack, tmp_path, s3_bucket):
     endpoint, bucket = s3_bucket
     stack = make_stack({
-        "url": valkey_server.url, "tenant": "t1",
+        "url": valkey_server.url, "tenant": "t1", "tenant_secret": "t1-secret-0123456789abcdef",
         "tiering": "embedded", "nvme_dir": str(tmp_path / "nvme"), "admission": "always",
         "s3_bucket": bucket, "s3_endpoint_url": endpoint, "s3_region": "us-east-1",
     })

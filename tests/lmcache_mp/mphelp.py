@@ -20,6 +20,10 @@ from lmcache.v1.distributed.storage_manager import StorageManager
 MODULE = "lmcache_valkey.integrations.lmcache_mp"
 LAYOUT = MemoryLayoutDesc(shapes=[torch.Size([4, 2, 16, 8, 64])], dtypes=[torch.bfloat16])  # 128 KiB chunks
 CHUNK_BYTES = 4 * 2 * 16 * 8 * 64 * 2
+# The tenants these tests run as: a tenant other than "default" gives its secret (a worker
+# without one refuses to start, docs/security.md).
+T1 = {"tenant": "t1", "tenant_secret": "t1-secret-0123456789abcdef"}
+T2 = {"tenant": "t2", "tenant_secret": "t2-secret-0123456789abcdef"}
 
 
 def spec(params: dict[str, Any], **outer: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from lmcache.cli.commands.bench.l2_adapter_bench.data import create_l1_memory_de
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 from lmcache.v1.platform import consume_fd
-from mphelp import keys, make_manager, spec, wait_for
+from mphelp import T1, keys, make_manager, spec, wait_for
 
 from lmcache_valkey.errors import ConfigError
 
@@ -93,7 +93,7 @@ def harness(valkey_server):
     made = []
 
     def make(params=None, **kw):
-        h = Harness({"url": valkey_server.url, "tenant": "t1", **(params or {})}, **kw)
+        h = Harness({"url": valkey_server.url, **T1, **(params or {})}, **kw)
         made.append(h)
         return h
 

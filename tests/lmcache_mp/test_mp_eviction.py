@@ -5,14 +5,14 @@ its eviction controller deletes the least recently used chunks through the adapt
 from __future__ import annotations
 
 import pytest
-from mphelp import CHUNK_BYTES, adapter_of, keys, l2_lookup, wait_for, write
+from mphelp import CHUNK_BYTES, T1, adapter_of, keys, l2_lookup, wait_for, write
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_lmcache_l2_eviction_deletes_through_the_adapter_and_usage_follows(valkey_server, managers):
     capacity = 10 * CHUNK_BYTES
-    sm = managers({"url": valkey_server.url, "tenant": "t1", "max_capacity": capacity},
+    sm = managers({"url": valkey_server.url, **T1, "max_capacity": capacity},
                   eviction={"eviction_policy": "LRU", "trigger_watermark": 0.8, "eviction_ratio": 0.5})
     adapter = adapter_of(sm)
     assert adapter.supports_global_eviction

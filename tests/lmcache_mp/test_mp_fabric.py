@@ -4,13 +4,13 @@ arena, which the adapter registered once from the factory's L1 memory descriptor
 from __future__ import annotations
 
 import pytest
-from mphelp import CHUNK_BYTES, adapter_of, keys, prefetch, read, wait_stored, want, write
+from mphelp import CHUNK_BYTES, T1, adapter_of, keys, prefetch, read, wait_stored, want, write
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_loads_land_in_the_registered_l1_arena_by_rma(blob_server, managers):
-    params = {"url": blob_server.url, "tenant": "t1", "transport": "fabric", "fabric_provider": "tcp;ofi_rxm"}
+    params = {"url": blob_server.url, **T1, "transport": "fabric", "fabric_provider": "tcp;ofi_rxm"}
     writer, reader = managers(params), managers(params)
     for sm in (writer, reader):
         adapter = adapter_of(sm)

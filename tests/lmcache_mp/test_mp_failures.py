@@ -12,7 +12,7 @@ import os
 import signal
 
 import pytest
-from mphelp import CHUNK_BYTES, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
+from mphelp import CHUNK_BYTES, T1, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
 
 from support.servers import ValkeyServer
 
@@ -39,7 +39,7 @@ def _idle(sm) -> None:
 
 
 def test_a_killed_server_fails_tasks_then_the_instances_recover(server, managers):
-    params = {"url": server.url, "tenant": "t1", **FAST}
+    params = {"url": server.url, **T1, **FAST}
     writer, reader = managers(params), managers(params)
     write(writer, keys(range(4)), range(4))
     wait_stored(writer, 4 * CHUNK_BYTES)
@@ -65,7 +65,7 @@ def test_a_killed_server_fails_tasks_then_the_instances_recover(server, managers
 
 
 def test_a_paused_server_turns_lookups_and_loads_into_misses_while_it_is_still_paused(server, managers):
-    params = {"url": server.url, "tenant": "t1", **FAST}
+    params = {"url": server.url, **T1, **FAST}
     writer, reader = managers(params), managers(params)
     write(writer, keys(range(4)), range(4))
     wait_stored(writer, 4 * CHUNK_BYTES)

@@ -8,7 +8,7 @@ controllers); our adapter is loaded from the ``--l2-adapter`` plugin JSON, as
 from __future__ import annotations
 
 import pytest
-from mphelp import CHUNK_BYTES, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
+from mphelp import CHUNK_BYTES, T1, T2, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
 
 # A callback that raises where nothing can catch it (a load's release callback on a closed
 # loop, "Event loop is closed") fails the test instead of passing as a logged warning.
@@ -34,21 +34,21 @@ def _share(managers, params):
 
 
 def test_a_second_mp_instance_loads_what_the_first_stored(valkey_server, managers):
-    writer, reader, ks = _share(managers, {"url": valkey_server.url, "tenant": "t1", "transport": "tcp"})
+    writer, reader, ks = _share(managers, {"url": valkey_server.url, **T1, "transport": "tcp"})
     usage = adapter_of(writer).get_usage()
     assert usage.total_bytes_used == 8 * CHUNK_BYTES and dict(usage.bytes_by_cache_salt) == {"": 8 * CHUNK_BYTES}
     assert adapter_of(reader).get_usage().total_bytes_used == 0  # it stored nothing
 
 
 def test_a_second_mp_instance_loads_from_valkey_cluster(valkey_cluster, managers):
-    writer, reader, ks = _share(managers, {"url": valkey_cluster.url, "tenant": "t1", "cluster": "yes"})
+    writer, reader, ks = _share(managers, {"url": valkey_cluster.url, **T1, "cluster": "yes"})
     # the chunks spread over the shards
     per_node = [s.cmd("DBSIZE") for s in valkey_cluster.servers]
     assert sum(per_node) == 8 and sum(1 for n in per_node if n) >= 2, per_node
 
 
 def test_a_partial_prefix_is_loaded_and_the_rest_recomputed(valkey_server, managers):
-    params = {"url": valkey_server.url, "tenant": "t1"}
+    params = {"url": valkey_server.url, **T1}
     writer, reader = managers(params), managers(params)
     stored = keys([0, 1, 3])
     write(writer, stored, [1, 2, 4])
@@ -61,7 +61,7 @@ def test_a_partial_prefix_is_loaded_and_the_rest_recomputed(valkey_server, manag
 
 
 def test_cache_salts_never_share_a_chunk(valkey_server, managers):
-    params = {"url": valkey_server.url, "tenant": "t1"}
+    params = {"url": valkey_server.url, **T1}
     writer, reader = managers(params), managers(params)
     alice = keys(range(4), salt="alice")
     write(writer, alice, [7, 8, 9, 10])
@@ -74,7 +74,7 @@ def test_cache_salts_never_share_a_chunk(valkey_server, managers):
 
 
 def test_ranks_groups_and_models_never_share_a_chunk(valkey_server, managers):
-    params = {"url": valkey_server.url, "tenant": "t1"}
+    params = {"url": valkey_server.url, **T1}
     writer, reader = managers(params), managers(params)
     write(writer, keys(range(2), rank=0), [1, 2])
     wait_stored(writer, 2 * CHUNK_BYTES)
@@ -84,8 +84,8 @@ def test_ranks_groups_and_models_never_share_a_chunk(valkey_server, managers):
 
 
 def test_tenants_never_share_a_chunk(valkey_server, managers):
-    writer = managers({"url": valkey_server.url, "tenant": "t1"})
-    other = managers({"url": valkey_server.url, "tenant": "t2"})
+    writer = managers({"url": valkey_server.url, **T1})
+    other = managers({"url": valkey_server.url, **T2})
     write(writer, keys(range(2)), [1, 2])
     wait_stored(writer, 2 * CHUNK_BYTES)
     assert prefetch(other, keys(range(2))).l2_hit_count == 0

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mphelp import CHUNK_BYTES, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
+from mphelp import CHUNK_BYTES, T1, adapter_of, keys, prefetch, read, wait_for, wait_stored, want, write
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_tiered_chunks_are_found_and_loaded_from_nvme_then_s3(valkey_server, managers, tmp_path, s3_bucket):
     endpoint, bucket = s3_bucket
-    sm = managers({"url": valkey_server.url, "tenant": "t1", "tiering": "embedded", "nvme_dir": str(tmp_path / "nvme"),
+    sm = managers({"url": valkey_server.url, **T1, "tiering": "embedded", "nvme_dir": str(tmp_path / "nvme"),
                    "admission": "always", "s3_bucket": bucket, "s3_endpoint_url": endpoint, "s3_region": "us-east-1"})
     adapter = adapter_of(sm)
     manager = next(o for o in adapter.store.owned if type(o).__name__ == "TierManager")

@@ -99,7 +99,8 @@ def test_a_worker_never_logs_its_password_or_tenant_secret(users, make_stack, ca
     got = stack.remote.get_blocking(keys[0])
     got.ref_count_down()
     # and one that cannot log in
-    assert make_stack({"url": _url(users, "team-a", "bad" + WORKER_PW), "tenant": "team-a"}).connector is None
+    assert make_stack({"url": _url(users, "team-a", "bad" + WORKER_PW), "tenant": "team-a",
+                       "tenant_secret": TENANT_SECRET}).connector is None
     text = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     assert "lmcache-valkey" in text and "WRONGPASS" in text  # the logs were captured
     reprs = repr(stack.connector.settings) + repr(stack.connector.namespace) + repr(stack.connector)

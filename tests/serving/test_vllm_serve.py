@@ -125,7 +125,7 @@ def test_no_other_tenant_revision_or_kv_dtype_hits_and_no_connector_is_loud(flee
     """Servers that must never see A's chunks (another tenant, model revision or KV dtype), and
     one whose LMCache runs without a KV connector (ours turned off): that one must say so."""
     cases = {
-        "tenant": dict(lmcache=fleet.config(tenant="team-b")),
+        "tenant": dict(lmcache=fleet.config(tenant="team-b", tenant_secret="team-b-secret-0123456789")),
         "model_revision": dict(lmcache=fleet.config(model_revision="v2")),
         "kv_dtype": dict(lmcache=fleet.config(), dtype="float16"),
         "no_connector": dict(lmcache=fleet.config(), env={"LMCACHE_VALKEY_CPU_KV_CONNECTOR": "off"}),

@@ -19,6 +19,7 @@ def test_serving_calls_work_under_the_worker_acl_and_clear_is_refused(valkey_ser
     valkey_server.cmd("ACL", "SETUSER", *line.split()[1:])
     pool = make_pool("mha", "layer_first")
     backend = backends(valkey_server.url, pool=pool, tenant="team-a", username="team-a", password="s3cret",
+                       tenant_secret="team-a-secret-0123456789",
                        transport="tcp", cluster="no")
     ks = keys(3)
     want = fill_pages(pool, [0, 4, 8], seed=70)

@@ -93,7 +93,8 @@ def test_other_models_dtypes_and_page_sizes_never_hit(valkey_server, backends) -
     other_dtype = backends(valkey_server.url, pool=make_pool("mha", "page_first", dtype=torch.float16))
     other_page = backends(valkey_server.url, pool=make_pool("mha", "page_first", page_size=8))
     other_rank = backends(valkey_server.url, pool=make_pool("mha", "page_first"), config=make_config(tp_rank=1, tp_size=2))
-    other_tenant = backends(valkey_server.url, pool=make_pool("mha", "page_first"), tenant="team-b")
+    other_tenant = backends(valkey_server.url, pool=make_pool("mha", "page_first"), tenant="team-b",
+                            tenant_secret="team-b-secret-0123456789")
     for b in (other_model, other_dtype, other_page, other_rank, other_tenant):
         assert b.batch_exists(ks) == 0
     same = backends(valkey_server.url, pool=make_pool("mha", "page_first"))

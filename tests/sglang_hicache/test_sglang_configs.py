@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from sglanghelp import BACKEND, make_config, make_pool
 
+from lmcache_valkey.config import check_tenant_secret
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.integrations.sglang.settings import parse_backend_settings
+from support.tenant_secrets import with_test_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,8 +54,10 @@ def test_the_example_config_is_read_by_sglangs_own_parser_and_validates() -> Non
     assert prefetch_threshold == 256 and "prefetch_threshold" not in raw
     assert {k: raw[k] for k in ("backend_name", "module_path", "class_name")} == {
         k: BACKEND[k] for k in ("backend_name", "module_path", "class_name")}
-    s = parse_backend_settings(raw)
+    assert "tenant_secret_file" in raw, "the example's tenant gives its secret"
+    s = parse_backend_settings(with_test_secret(raw))  # (the example names the pod's mount path)
     assert s.interface_v1 and s.store.tenant == "team-a" and s.store.ttl_s == 86400
+    check_tenant_secret(s.store)
 
 
 def test_the_readme_command_line_config_validates() -> None:

@@ -3,7 +3,7 @@ start-up and never shown."""
 
 import pytest
 
-from lmcache_valkey.config import settings_from_mapping
+from lmcache_valkey.config import Settings, settings_from_mapping
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.keys import ChunkIds, make_namespace
 from lmcache_valkey.session import namespace_for
@@ -55,6 +55,37 @@ def test_a_bad_secret_fails_at_start_up_naming_the_key_not_the_secret(raw, env, 
         settings_from_mapping(raw, env=env)
     assert e.value.key == key
     assert "short-secret" not in str(e.value) and "1234567890" not in str(e.value)
+
+
+def test_a_worker_of_a_named_tenant_without_a_secret_refuses_to_start_naming_both_fixes():
+    for s in (settings_from_mapping({"tenant": "team-a"}, env={}), Settings(tenant="team-a")):
+        with pytest.raises(ConfigError) as e:
+            namespace_for(s, FIELDS)
+        assert e.value.key == "tenant_secret"
+        for fix in ("tenant_secret_file", "LMCACHE_VALKEY_TENANT_SECRET_FILE", "require_tenant_secret: false",
+                    "LMCACHE_VALKEY_REQUIRE_TENANT_SECRET=0"):
+            assert fix in str(e.value)
+    namespace_for(settings_from_mapping({}, env={}), FIELDS)  # the default tenant: no secret needed
+    namespace_for(settings_from_mapping({"tenant": "team-a", "tenant_secret": SECRET}, env={}), FIELDS)
+
+
+@pytest.mark.parametrize("raw,env", [
+    ({"require_tenant_secret": False}, {}),
+    ({"url": "valkey://h:6379?require_tenant_secret=no"}, {}),
+    ({}, {"LMCACHE_VALKEY_REQUIRE_TENANT_SECRET": "0"}),
+    ({"require_tenant_secret": "false"}, {"LMCACHE_VALKEY_REQUIRE_TENANT_SECRET": "1"}),  # the key wins
+])
+def test_the_opt_out_is_an_explicit_setting_or_its_environment_variable(raw, env):
+    s = settings_from_mapping({"tenant": "team-a", **raw}, env=env)
+    assert s.require_tenant_secret is False
+    ns = namespace_for(s, FIELDS)
+    assert ns.secret is None and ns.chunk_id("p") == make_namespace("lmcv", "team-a", {**FIELDS, "revision": ""}).chunk_id("p")
+
+
+def test_a_bad_opt_out_value_fails_at_start_up():
+    with pytest.raises(ConfigError) as e:
+        settings_from_mapping({"tenant": "team-a"}, env={"LMCACHE_VALKEY_REQUIRE_TENANT_SECRET": "maybe"})
+    assert e.value.key == "LMCACHE_VALKEY_REQUIRE_TENANT_SECRET"
 
 
 def test_remembered_ids_are_the_ids_the_namespace_derives_and_stay_bounded():

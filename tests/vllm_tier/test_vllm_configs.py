@@ -13,6 +13,7 @@ from vllmhelp import Engine, Layout, block_bytes, keys, offloading_config
 
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.integrations.vllm.compat import CONFIG_INFO, VLLM_VERSION
+from support.tenant_secrets import with_test_secret
 from vllm.config import KVTransferConfig
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
@@ -31,7 +32,12 @@ def readme_config() -> dict:
 
 
 def shipped_config() -> dict:
-    return json.loads((ROOT / "configs" / "vllm-tier.json").read_text())
+    """configs/vllm-tier.json, its tenant secret's pod path swapped for a secret given here."""
+    cfg = json.loads((ROOT / "configs" / "vllm-tier.json").read_text())
+    tiers = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert all("tenant_secret_file" in t for t in tiers), "the example's tenant gives its secret"
+    cfg["kv_connector_extra_config"]["secondary_tiers"] = [with_test_secret(t) for t in tiers]
+    return cfg
 
 
 @pytest.mark.parametrize("load", [shipped_config, readme_config], ids=["configs/vllm-tier.json", "README"])

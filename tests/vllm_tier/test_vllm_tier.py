@@ -63,9 +63,11 @@ def test_a_different_layout_never_hits(valkey_server, engines, change) -> None:
 
 
 def test_tenants_do_not_see_each_others_blocks(valkey_server, engines) -> None:
-    engines(valkey_server.url, tier_settings={"tenant": "team-a"}).offload(keys("p", 2))
-    assert engines(valkey_server.url, tier_settings={"tenant": "team-b"}).fetch(keys("p", 2)) == []
-    assert len(engines(valkey_server.url, tier_settings={"tenant": "team-a"}).fetch(keys("p", 2))) == 2
+    team_a = {"tenant": "team-a", "tenant_secret": "team-a-secret-0123456789"}
+    team_b = {"tenant": "team-b", "tenant_secret": "team-b-secret-0123456789"}
+    engines(valkey_server.url, tier_settings=team_a).offload(keys("p", 2))
+    assert engines(valkey_server.url, tier_settings=team_b).fetch(keys("p", 2)) == []
+    assert len(engines(valkey_server.url, tier_settings=team_a).fetch(keys("p", 2))) == 2
 
 
 def exported(valkey_server, engines, *, info: bool) -> tuple[str, str]:
