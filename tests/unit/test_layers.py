@@ -10,7 +10,9 @@ FENCES = {
     "lmcache": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/vllm_cpu/"),
     # Only the vLLM tier's version shim (every vLLM name and every release's difference);
     # its settings, lookup book and job runner stay importable without vLLM.
-    "vllm": ("integrations/vllm/compat.py",),
+    "vllm": ("integrations/vllm/compat.py",
+             # LMCache's CPU KV connector asks vLLM-CPU's attention kernel where KV bytes lie.
+             "integrations/vllm_cpu/kv_connector.py"),
     # Only the SGLang backend's two edge modules; its settings and page math need no SGLang.
     "sglang": ("integrations/sglang/backend.py", "integrations/sglang/stats.py"),
     "torch": ("integrations/lmcache/", "integrations/lmcache_mp/", "integrations/sglang/", "integrations/vllm_cpu/",

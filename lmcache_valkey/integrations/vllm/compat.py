@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import threading
 from typing import Any, Collection, Mapping
 
@@ -60,6 +61,8 @@ _REQUIRED: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def _load(required: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, Any]:
+    if importlib.util.find_spec("vllm") is None:  # no vLLM at all: a plain missing module
+        raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
     found: dict[str, Any] = {}
     missing: list[str] = []
     for module_name, names in required:

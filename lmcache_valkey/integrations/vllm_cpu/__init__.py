@@ -6,7 +6,8 @@ of this package), before LMCache builds its engine. Nothing happens where LMCach
 installed. ``LMCACHE_VALKEY_CPU_KV_CONNECTOR=off`` keeps LMCache's own behaviour (no connector
 on CPU), still reported. Design note: docs/vllm-cpu.md.
 
-The only package that imports LMCache's KV connector interface; it never imports vLLM.
+The only package that imports LMCache's KV connector interface; of vLLM it imports only the CPU
+attention kernel, and only when the connector first binds (kv_connector.py).
 """
 
 from __future__ import annotations
