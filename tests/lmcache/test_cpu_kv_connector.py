@@ -15,13 +15,13 @@ import textwrap
 import pytest
 import torch
 from lmcache.utils import EngineType
-from lmcache.v1 import gpu_connector as lmcache_gpu_connector
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 
 from lmcache_valkey import metrics
 from lmcache_valkey.errors import ConfigError
 from lmcache_valkey.integrations.vllm_cpu import hook
+from lmcache_valkey.integrations.vllm_cpu.compat import FACTORY_MODULE as lmcache_gpu_connector
 from lmcache_valkey.integrations.vllm_cpu.kv_connector import KVLayoutError, VLLMPagedCPUConnector
 
 LAYERS, HEADS, HEAD, CHUNK = 2, 4, 64, 256
@@ -109,7 +109,10 @@ def test_vllm_plugin_hook_waits_for_lmcache_to_be_imported_by_its_user():
         (plugin,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "lmcache_valkey"]
         plugin.load()()
         assert not [m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")], "imported LMCache"
-        from lmcache.v1.gpu_connector import CreateGPUConnector
+        try:  # the 0.5.7 line
+            from lmcache.inprocess.v1.gpu_connector import CreateGPUConnector
+        except ImportError:  # 0.5.6
+            from lmcache.v1.gpu_connector import CreateGPUConnector
         from lmcache.utils import EngineType
         from lmcache.v1.config import LMCacheEngineConfig
         from lmcache.v1.metadata import LMCacheMetadata

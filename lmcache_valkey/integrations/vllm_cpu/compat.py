@@ -9,6 +9,7 @@ factory imports ``CreateGPUConnector`` from, at call time.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 # (factory module, interface module) per layout, newest first.
@@ -19,6 +20,8 @@ _LAYOUTS = (
 
 
 def _first_with_factory() -> tuple[ModuleType, ModuleType]:
+    if importlib.util.find_spec("lmcache") is None:  # no LMCache at all: a plain missing module
+        raise ModuleNotFoundError("No module named 'lmcache'", name="lmcache")
     errors = []
     for factory_name, interface_name in _LAYOUTS:
         try:
