@@ -9,7 +9,6 @@ factory imports ``CreateGPUConnector`` from, at call time.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from types import ModuleType
 
 # (factory module, interface module) per layout, newest first.
@@ -20,20 +19,23 @@ _LAYOUTS = (
 
 
 def _first_with_factory() -> tuple[ModuleType, ModuleType]:
-    if importlib.util.find_spec("lmcache") is None:  # no LMCache at all: a plain missing module
-        raise ModuleNotFoundError("No module named 'lmcache'", name="lmcache")
-    errors = []
+    errors, absent = [], True
     for factory_name, interface_name in _LAYOUTS:
         try:
             factory = importlib.import_module(factory_name)
         except ImportError as e:
+            absent = absent and isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("lmcache")
             errors.append(f"{factory_name}: {e}")
             continue
+        absent = False
         if hasattr(factory, "CreateGPUConnector"):
             return factory, importlib.import_module(interface_name)
         errors.append(f"{factory_name}: no CreateGPUConnector")
-    raise ImportError("LMCache's KV connector factory is in none of the places known to "
-                      "lmcache-valkey (" + "; ".join(errors) + ")")
+    why = ("LMCache's KV connector factory is in none of the places known to lmcache-valkey ("
+           + "; ".join(errors) + ")")
+    if absent:  # no LMCache here (or none with in-process code): a plain missing module
+        raise ModuleNotFoundError(why, name="lmcache")
+    raise ImportError(why)
 
 
 FACTORY_MODULE, _INTERFACES = _first_with_factory()
