@@ -57,7 +57,7 @@ def _same_top(a: Any, b: Any, atol: float = 0.02) -> bool:
 
 
 def run_vllm_demo(args: argparse.Namespace, workdir: str) -> int:
-    from ..demo import demo_valkey
+    from ..demo import _free_port, demo_valkey
 
     chunk = args.chunk_size
     prefix = args.prefix_tokens // chunk * chunk or chunk
@@ -120,10 +120,3 @@ def run_vllm_demo(args: argparse.Namespace, workdir: str) -> int:
           flush=True)
     return 0 if ok else 1
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -96,10 +96,10 @@ def block_layout(dtype: torch.dtype, num_heads: int, head_size: int, block_size:
     return isa, found["k"], found["v"]
 
 
-def _strided_views(caches: Sequence[torch.Tensor], offsets: torch.Tensor, region: int, s_block: int,
-                   s_head: int, block_size: int, head_size: int) -> Optional[list[torch.Tensor]]:
-    """Per layer a view [blocks, heads, tokens, dim] of K (or V), if the kernel's order is one."""
-    inner = offsets - (offsets // region) * region  # within the head's region
+def _strided_views(caches: Sequence[torch.Tensor], inner: torch.Tensor, s_block: int, s_head: int,
+                   block_size: int, head_size: int) -> Optional[list[torch.Tensor]]:
+    """Per layer a view [blocks, heads, tokens, dim] of K (or V), if the kernel's order inside a
+    head's region (``inner``, [tokens, heads, dim]) is a strided one."""
     base = int(inner[0, 0, 0])
     s_tok = int(inner[1, 0, 0]) - base if block_size > 1 else 0
     s_dim = int(inner[0, 0, 1]) - base if head_size > 1 else 0
@@ -145,17 +145,17 @@ class _Binding:
                                 f"dense (block, head) interiors of {expected}")
         self.isa, k, v = block_layout(dtype, num_heads, head_size, block_size)
         region = 2 * block_size * head_size
+        k_inner, v_inner = k % region, v % region  # within the head's region
         heads = (torch.arange(num_heads) * s_head).view(1, num_heads, 1)
         # Offsets from the start of the token's block, with the real head stride.
-        self.k_offsets = k - (k // region) * region + heads
-        self.v_offsets = v - (v // region) * region + heads
+        self.k_offsets, self.v_offsets = k_inner + heads, v_inner + heads
         size = (num_blocks - 1) * s_block + (num_heads - 1) * s_head + region
         self.flats = [c.as_strided((size,), (1,)) for c in caches]
         # Where the kernel's order inside a block is a strided one (vec, vec16: K by dim, V by
         # token), views [blocks, heads, tokens, dim] let a run of a block's tokens move as one
         # strided copy; otherwise (amx's packed tiles) element offsets are gathered.
-        self.k_views = _strided_views(caches, k, region, s_block, s_head, block_size, head_size)
-        self.v_views = _strided_views(caches, v, region, s_block, s_head, block_size, head_size)
+        self.k_views = _strided_views(caches, k_inner, s_block, s_head, block_size, head_size)
+        self.v_views = _strided_views(caches, v_inner, s_block, s_head, block_size, head_size)
         self.caches = list(caches)
         self.block_size, self.block_stride, self.head_stride = block_size, s_block, s_head
         self.limit = num_blocks * block_size
@@ -163,8 +163,6 @@ class _Binding:
     def runs(self, slots: torch.Tensor) -> list[tuple[int, int, int, int]]:
         """(first token, block, first offset, length) of each run of tokens that sit one after
         another in one block (a chunk of a request's tokens is a few such runs)."""
-        if slots.numel() and (bool((slots < 0).any()) or int(slots.max()) >= self.limit):
-            raise KVLayoutError(f"slot_mapping holds slots outside vLLM's {self.limit} KV slots")
         blocks = torch.div(slots, self.block_size, rounding_mode="floor")
         starts = torch.ones(slots.numel(), dtype=torch.bool)
         if slots.numel() > 1:
@@ -181,8 +179,6 @@ class _Binding:
     def offsets(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Element offsets of the tokens in ``slots``, (token, head, dim)-major as LMCache's
         ``[tokens, heads*head_size]`` rows run: K's, then V's."""
-        if slots.numel() and (bool((slots < 0).any()) or int(slots.max()) >= self.limit):
-            raise KVLayoutError(f"slot_mapping holds slots outside vLLM's {self.limit} KV slots")
         blocks = torch.div(slots, self.block_size, rounding_mode="floor")
         inside = slots - blocks * self.block_size
         base = (blocks * self.block_stride).view(-1, 1, 1)
@@ -246,22 +242,21 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
 
     def _move(self, binding: "_Binding", slots: torch.Tensor, chunk: torch.Tensor, *, to_cache: bool) -> None:
         """One copy of every element between vLLM's blocks and ``chunk`` [2, layers, tokens, heads, dim]."""
-        runs = None
+        runs = binding.runs(slots) if binding.k_views is not None or binding.v_views is not None else None
+        offsets = binding.offsets(slots) if binding.k_views is None or binding.v_views is None else None
         for kv, views in ((0, binding.k_views), (1, binding.v_views)):
             if views is not None:
-                runs = runs if runs is not None else binding.runs(slots)
                 for layer, view in enumerate(views):
                     for t, block, offset, n in runs:
                         cache_part = view[block, :, offset:offset + n].transpose(0, 1)  # [n, heads, dim]
                         chunk_part = chunk[kv, layer, t:t + n]
                         (cache_part.copy_(chunk_part) if to_cache else chunk_part.copy_(cache_part))
                 continue
-            offsets = binding.offsets(slots)[kv]
             for layer, flat in enumerate(binding.flats):
                 if to_cache:
-                    flat.index_copy_(0, offsets, chunk[kv, layer].reshape(-1))
+                    flat.index_copy_(0, offsets[kv], chunk[kv, layer].reshape(-1))
                 else:
-                    torch.index_select(flat, 0, offsets, out=chunk[kv, layer].view(-1))
+                    torch.index_select(flat, 0, offsets[kv], out=chunk[kv, layer].view(-1))
 
     def batched_from_gpu(self, memory_objs: Sequence[Any], starts: Sequence[int],
                          ends: Sequence[int], **kwargs: Any) -> None:
@@ -297,6 +292,8 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
         slots = kwargs["slot_mapping"][start:end].to(torch.int64)
         if slots.numel() != end - start:
             raise KVLayoutError(f"slot_mapping[{start}:{end}] does not map every token to a slot")
+        if slots.numel() and (bool((slots < 0).any()) or int(slots.max()) >= binding.limit):
+            raise KVLayoutError(f"slot_mapping holds slots outside vLLM's {binding.limit} KV slots")
         return binding, slots
 
     def _bind(self, caches: Sequence[torch.Tensor]) -> _Binding:
