@@ -711,11 +711,17 @@ def test_tierd_runs_as_its_own_tenant_confined_user(pod_factory, tmp_path):
         deadline = time.monotonic() + 60  # start-up of a hung process, not a speed check
         users: set[str] = set()
         ops = ["--user", "lmcv-ops", "--pass", "ops-secret", "--no-auth-warning"]
+        clients: list[dict[str, str]] = []
         while "lmcv-tierd" not in users:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            users = set(re.findall(r"user=(\S+)", pod.cli(*ops, "client", "list")))
+            clients = [dict(f.split("=", 1) for f in line.split() if "=" in f)
+                       for line in pod.cli(*ops, "client", "list").splitlines() if line.strip()]
+            users = {c["user"] for c in clients}
             time.sleep(0.2)
-        assert users == {"lmcv-tierd", "lmcv-ops"}  # tierd's connections, and this one
+        # tierd's connections, and this one; a connection tierd has just opened shows as
+        # `default` until its AUTH lands (default is off: it can run nothing but AUTH/HELLO)
+        assert users - {"default"} == {"lmcv-tierd", "lmcv-ops"}, clients
+        assert all(c["cmd"] in ("NULL", "auth", "hello") for c in clients if c["user"] == "default"), clients
         assert "OK" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "get", "lmcv:team-a:x")
         assert "no permissions" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "get", "lmcv:team-b:x")
         assert "no permissions" in pod.cli(*ops, "acl", "dryrun", "lmcv-tierd", "flushall")
