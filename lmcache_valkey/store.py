@@ -185,10 +185,18 @@ class ChunkStore:
         For engines that scan keys in their own order (vLLM looks sliding-window blocks up
         from the end). Same cost as :meth:`contains_prefix`: one round trip per node; a
         failed or late lookup answers ``False`` for every chunk."""
+        found = await self.answer_each(chunk_ids)
+        return [False] * len(chunk_ids) if found is None else found
+
+    async def answer_each(self, chunk_ids: Sequence[str]) -> list[bool] | None:
+        """:meth:`contains_each`, but ``None`` when the lookup failed or was late (counted):
+        for a caller that acts on an answered "absent" (the vLLM tier's KV removal events)."""
         if not chunk_ids:
             return []
         started = time.perf_counter()
         found = await self._exists_any_tier(chunk_ids)
+        if found is None:
+            return None
         return self._each_found(chunk_ids, found, started)
 
     def contains_prefix_blocking(self, chunk_ids: Sequence[str], timeout: float | None = None) -> int | None:

@@ -5,7 +5,7 @@
 # contract on 0.32 (vLLM's OffloadingConnector itself does not start on the CPU platform).
 # About 4 GB, ~4 minutes from an empty pip cache. Contract: scripts/envs/README.md.
 ENV_NAME=vllmcpu
-ENV_TESTS="tests/serving tests/vllm_tier/test_vllm_compat.py tests/vllm_tier/test_vllm_tier_contract.py tests/vllm_tier/test_vllm_configs.py"
+ENV_TESTS="tests/serving tests/vllm_tier/test_vllm_compat.py tests/vllm_tier/test_vllm_tier_contract.py tests/vllm_tier/test_vllm_configs.py tests/vllm_tier/test_vllm_kv_events.py"
 ENV_OWNS="tests/serving"
 # shellcheck source=lib/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/env.sh"

@@ -11,9 +11,10 @@ import time
 
 import pytest
 from support.chunks import cut_short, relabelled, rewrite
-from vllmhelp import BLOCK, SLOTS, Harness, block_bytes, keys
+from vllmhelp import BLOCK, SLOTS, Harness, block_bytes, expire_everything, keys
 
 from lmcache_valkey.errors import ConfigError
+from lmcache_valkey.integrations.vllm.lookups import REUSE_S
 from vllm.v1.kv_offload.base import Locality, LookupResult, ReqContext
 
 pytestmark = pytest.mark.timeout(120)
@@ -188,10 +189,52 @@ def test_stored_blocks_become_kv_events_when_vllm_publishes_them(harness) -> Non
     h.store(ks, [0, 1])
     (event,) = list(h.tier.take_events())
     assert event.keys == ks and not event.removed and event.locality is Locality.REMOTE
+    # This tier owns the state it announces, and will announce its removal.
+    assert event.ownership == h.tier.tier_type and event.removal_expected
     assert list(h.tier.take_events()) == []
     quiet = harness(enable_kv_events=True)  # vLLM's KV events are off: the tier stays quiet
     quiet.store(keys("quiet", 1), [0])
     assert list(quiet.tier.take_events()) == []
+
+
+def test_a_block_valkey_expired_is_a_removal_event_once_a_lookup_sees_it_gone(harness, valkey_server) -> None:
+    h = harness(events=True, enable_kv_events=True)
+    gone, kept = keys("expires", 2), keys("stays", 1)
+    h.store(gone, [0, 1])
+    expire_everything(valkey_server)  # what a TTL or maxmemory eviction does, silently
+    h.store(kept, [2])
+    assert [e.removed for e in h.tier.take_events()] == [False, False]
+    assert h.lookup_and_wait(gone + kept, ReqContext(req_id="fresh")) == [LookupResult.MISS] * 2 + [LookupResult.HIT]
+    (removal,) = list(h.tier.take_events())
+    assert removal.removed and removal.keys == gone and removal.ownership == h.tier.tier_type
+    assert not getattr(removal, "metadata_only", False)  # a public removal: routers drop the blocks
+    # Reported once: asking again finds them absent again, and says nothing new.
+    assert h.lookup_and_wait(gone, ReqContext(req_id="again")) == [LookupResult.MISS] * 2
+    assert list(h.tier.take_events()) == []
+    # Stored again, announced again.
+    h.store(gone, [0, 1])
+    (again,) = list(h.tier.take_events())
+    assert again.keys == gone and not again.removed
+
+
+def test_a_lookup_that_failed_proves_nothing_and_removes_nothing(harness, valkey_server, monkeypatch) -> None:
+    h = harness(events=True, enable_kv_events=True)
+    ks = keys("unanswered", 1)
+    h.store(ks, [0])
+    list(h.tier.take_events())
+    store = h.tier._session.store
+
+    async def unanswered(chunk_ids):  # what the store returns when Valkey is down or late
+        return None
+
+    monkeypatch.setattr(store, "answer_each", unanswered)
+    assert h.lookup_and_wait(ks, ReqContext(req_id="down")) == [LookupResult.MISS]
+    assert list(h.tier.take_events()) == []  # a miss, but not a removal
+    monkeypatch.undo()
+    expire_everything(valkey_server)
+    time.sleep(REUSE_S * 1.5)  # the failed verdict is no longer reused: the next request asks Valkey
+    assert h.lookup_and_wait(ks, ReqContext(req_id="up")) == [LookupResult.MISS]
+    assert [e.removed for e in h.tier.take_events()] == [True]
 
 
 def test_the_factory_forwards_locality(harness) -> None:

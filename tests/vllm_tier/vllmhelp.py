@@ -87,6 +87,16 @@ def block_bytes(key: OffloadKey, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
+def expire_everything(valkey_server) -> None:
+    """What a TTL or ``maxmemory`` eviction does to every chunk, silently: gone at once."""
+    for key in valkey_server.cmd("KEYS", "lmcv:default:*"):
+        valkey_server.cmd("PEXPIRE", key, 1)
+    deadline = time.monotonic() + 10
+    while [k for k in valkey_server.cmd("KEYS", "lmcv:default:*") if valkey_server.cmd("EXISTS", k)]:
+        assert time.monotonic() < deadline, "the keys did not expire"
+        time.sleep(0.01)
+
+
 @dataclass
 class Engine:
     """One vLLM server's scheduler-side offloading state (real vLLM classes)."""

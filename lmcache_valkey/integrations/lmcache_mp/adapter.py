@@ -21,7 +21,10 @@ Contract with LMCache's controllers (docs/lmcache-mp.md):
   copies are pinned (a lease, bounded by ``lock_lease_s``). Valkey's own ``maxmemory``
   eviction cannot be held off: such a chunk's load is a counted miss.
 * byte accounting goes through ``_notify_keys_stored``/``_notify_keys_deleted`` so
-  LMCache's L2 eviction and per-``cache_salt`` quotas see what this adapter stored.
+  LMCache's L2 eviction and per-``cache_salt`` quotas see what this adapter stored; a chunk
+  it stored that a lookup answers absent (Valkey evicted or expired it) is accounted deleted
+  then. Those calls are also LMCache's L2 cache events (``L2_KEYS_STORED``/``DELETED`` on its
+  event bus, published to the coordinator by its ``CacheEventSubscriber``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ class LmcvL2Adapter(L2AdapterInterface):
         self._lock = threading.Lock()
         self._locks: Counter[ObjectKey] = Counter()  # lookup-and-lock holders per key
         self._sizes: dict[ObjectKey, int] = {}  # bytes this adapter accounted per stored key
+        # When each accounted key last landed (a count of store tasks): a lookup answered
+        # "absent" drops only keys that landed before it asked (see _lookup).
+        self._landed: dict[ObjectKey, int] = {}
+        self._stores_landed = 0
         self._cursors: dict[str, AsyncIterator[str]] = {}
         self._cursor_ids = itertools.count(1)
         self._closed = False
@@ -124,6 +131,7 @@ class LmcvL2Adapter(L2AdapterInterface):
         sizes: list[int] = []
         moved = 0
         with self._lock:
+            self._stores_landed += 1
             for k, o, good in zip(keys, objects, ok):
                 if not good:
                     continue
@@ -133,6 +141,7 @@ class LmcvL2Adapter(L2AdapterInterface):
                 # a re-store of a key already accounted adds no bytes
                 sizes.append(0 if k in self._sizes else n)
                 self._sizes.setdefault(k, n)
+                self._landed[k] = self._stores_landed
         if stored:
             self._notify_keys_stored(stored, sizes)
         return L2StoreResult(all(ok), moved)
@@ -152,21 +161,33 @@ class LmcvL2Adapter(L2AdapterInterface):
         return task_id
 
     async def _lookup(self, keys: list[ObjectKey], refs: list[ChunkRef]) -> Any:
-        found = await asyncio.wait_for(self.store.contains_each([r.chunk_id for r in refs]), self._lookup_deadline)
+        with self._lock:
+            asked_after = self._stores_landed
+        answer = await asyncio.wait_for(self.store.answer_each([r.chunk_id for r in refs]), self._lookup_deadline)
+        found = answer if answer is not None else [False] * len(keys)
         bitmap = Bitmap(len(keys))
         locked: list[ObjectKey] = []
         first: list[str] = []
+        lost: list[tuple[ObjectKey, int]] = []
         with self._lock:
             if self._closed:
                 return bitmap
             for i, (k, r, f) in enumerate(zip(keys, refs, found)):
                 if not f:
+                    # Stored here, answered absent (a TTL, maxmemory, a DEL, a failover):
+                    # LMCache's accounting and its cache events learn of the loss. A failed
+                    # check proves nothing; a store that landed since the check was sent wins.
+                    if answer is not None and k in self._sizes and self._landed[k] <= asked_after:
+                        lost.append((k, self._sizes.pop(k)))
+                        del self._landed[k]
                     continue
                 bitmap.set(i)
                 self._locks[k] += 1
                 locked.append(k)
                 if self._locks[k] == 1:
                     first.append(r.chunk_id)
+        if lost:
+            self._notify_keys_deleted([k for k, _ in lost], [n for _, n in lost])
         if first:
             await self._pin(first)
         if locked:
@@ -261,6 +282,8 @@ class LmcvL2Adapter(L2AdapterInterface):
             return
         with self._lock:
             gone = [(k, self._sizes.pop(k)) for k in doomed if k in self._sizes]
+            for k, _ in gone:
+                del self._landed[k]
         if gone:
             self._notify_keys_deleted([k for k, _ in gone], [n for _, n in gone])
 

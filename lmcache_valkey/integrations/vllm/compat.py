@@ -19,7 +19,9 @@ What differs, by release:
   ``drain_jobs`` must set every such event. ``DEFERRED_RELEASE`` is True there; before it the
   tier reports such a job only once its I/O is over. 0.34 also drops
   ``SecondaryTierManager.touch`` (the tier never overrode it) and itself refuses secondary
-  tiers on engines whose workers span nodes.
+  tiers on engines whose workers span nodes, and gives ``OffloadingEvent`` the stored
+  block's ``req_context`` (vLLM's self-describing KV events).
+* ``OffloadingEvent.metadata_only`` exists from 0.33 on (``EVENT_METADATA_ONLY``).
 
 A name the tier needs that this vLLM lacks stops the import with an ``ImportError`` naming
 the vLLM version and the name, not a bare ``cannot import name``.
@@ -115,6 +117,35 @@ ConfigInfoMapping: Any = getattr(_base, "ConfigInfoMapping", Mapping[str, "str |
 del _base
 
 
+_EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(OffloadingEvent))
+# OffloadingEvent.metadata_only (0.33+): a removal that frees vLLM's event metadata only.
+EVENT_METADATA_ONLY: bool = "metadata_only" in _EVENT_FIELDS
+
+
+def offloading_event(
+    keys: list[Any],
+    medium: Any,
+    *,
+    removed: bool,
+    locality: Any,
+    ownership: str,
+    removal_expected: bool = False,
+    metadata_only: bool = False,
+    req_context: Any = None,
+) -> Any:
+    """An ``OffloadingEvent`` on this vLLM: ``req_context`` (the stored block's request, for
+    vLLM's self-describing events) is passed where the release has it (0.34+); a
+    ``metadata_only`` removal is None where it has none (0.32)."""
+    if metadata_only and not EVENT_METADATA_ONLY:
+        return None
+    kw: dict[str, Any] = {"locality": locality, "ownership": ownership, "removal_expected": removal_expected}
+    if metadata_only:
+        kw["metadata_only"] = True
+    if req_context is not None and "req_context" in _EVENT_FIELDS:
+        kw["req_context"] = req_context
+    return OffloadingEvent(keys=keys, medium=medium, removed=removed, **kw)
+
+
 def job_result(
     job_id: int,
     success: bool,
@@ -135,10 +166,10 @@ def job_result(
 
 
 __all__ = [
-    "CONFIG_INFO", "DEFERRED_RELEASE", "SUPPORTED", "TOUCH", "VLLM_VERSION",
+    "CONFIG_INFO", "DEFERRED_RELEASE", "EVENT_METADATA_ONLY", "SUPPORTED", "TOUCH", "VLLM_VERSION",
     "CacheHitSource", "ConfigInfoMapping", "JobResult", "Locality", "LookupResult", "Medium",
     "OffloadKey", "OffloadingConnectorStats", "OffloadingCounterMetadata", "OffloadingEvent",
     "OffloadingHistogramMetadata", "OffloadingMetricMetadata", "ReqContext",
     "RequestOffloadingContext", "ScheduleEndContext", "SecondaryTierManager", "TransferJob",
-    "job_result",
+    "job_result", "offloading_event",
 ]

@@ -31,7 +31,6 @@ from .compat import (
     LookupResult,
     Medium,
     OffloadingConnectorStats,
-    OffloadingEvent,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -41,6 +40,7 @@ from .compat import (
     TransferJob,
     job_result,
 )
+from .events import TierEvents
 from .jobs import JobRunner
 from .lookups import LookupBook
 from .settings import TierSettings, namespace_fields, parse_tier_settings
@@ -97,12 +97,14 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes, defer_release=DEFERRED_RELEASE)
         self._book = LookupBook()
         # Answers of batched existence checks, from the I/O loop to the scheduler thread.
-        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], float]] = queue.SimpleQueue()
-        self._job_keys: dict[int, tuple[list[OffloadKey], list[bool]]] = {}  # job -> (keys, sent)
-        self._events: list[OffloadingEvent] | None = None
+        # (batch, found, answered, seconds): ``answered`` False when the check failed.
+        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], bool, float]] = queue.SimpleQueue()
+        # job -> (keys, sent, the request's context)
+        self._job_keys: dict[int, tuple[list[OffloadKey], list[bool], ReqContext]] = {}
+        self._events: TierEvents | None = None
         if self.settings.enable_kv_events:
             if offloading_spec.kv_events_config.enable_kv_cache_events:
-                self._events = []
+                self._events = TierEvents(tier_type, self.locality)
             else:
                 log.warning("enable_kv_events is set on tier %r but vLLM's KV cache events are off", tier_type)
         self._stats = TierStats(tier_type)
@@ -137,21 +139,25 @@ class ValkeySecondaryTier(SecondaryTierManager):
 
     async def _check(self, batch: list[tuple[bytes, int]]) -> None:
         started = time.perf_counter()
-        found: list[bool] = [False] * len(batch)
+        found: list[bool] | None = None
         try:
-            found = await self._session.store.contains_each([self._ref(OffloadKey(k)).chunk_id for k, _ in batch])
+            found = await self._session.store.answer_each([self._ref(OffloadKey(k)).chunk_id for k, _ in batch])
         except Exception as e:  # the store answers misses itself; anything else is a bug, still a miss
             log.error("lmcache-valkey vLLM tier: existence check failed: %r", e)
         finally:
-            self._answers.put((batch, found, time.perf_counter() - started))
+            answered = found is not None
+            self._answers.put((batch, found if answered else [False] * len(batch), answered,
+                               time.perf_counter() - started))
 
     def _apply_answers(self) -> None:
         while True:
             try:
-                batch, found, seconds = self._answers.get_nowait()
+                batch, found, answered, seconds = self._answers.get_nowait()
             except queue.Empty:
                 return
             self._book.resolve((k, g, f) for (k, g), f in zip(batch, found))
+            if answered and self._events is not None:
+                self._events.answered((k for k, _ in batch), found)
             hits = sum(found)
             self._stats.lookup_batch(seconds, hits, len(found) - hits)
 
@@ -168,7 +174,7 @@ class ValkeySecondaryTier(SecondaryTierManager):
         slots = [int(c) for c in job_metadata.chunk_ids]
         # A block this tier already answered as present is not sent again.
         send = [not self._book.known_present(bytes(k)) for k in keys]
-        self._job_keys[job_metadata.job_id] = (keys, send)
+        self._job_keys[job_metadata.job_id] = (keys, send, job_metadata.req_context)
         self._jobs.submit(
             job_metadata.job_id,
             load=False,
@@ -178,7 +184,7 @@ class ValkeySecondaryTier(SecondaryTierManager):
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         keys = list(job_metadata.keys)
-        self._job_keys[job_metadata.job_id] = (keys, [True] * len(keys))
+        self._job_keys[job_metadata.job_id] = (keys, [True] * len(keys), job_metadata.req_context)
         self._jobs.submit(
             job_metadata.job_id,
             load=True,
@@ -189,7 +195,7 @@ class ValkeySecondaryTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results = []
         for outcome in self._jobs.take_finished():
-            keys, sent = self._job_keys.pop(outcome.job_id)
+            keys, sent, req_context = self._job_keys.pop(outcome.job_id)
             it = iter(outcome.ok)
             ok = [next(it) if s else True for s in sent]  # a skipped store is a success
             good = [k for k, o in zip(keys, ok) if o]
@@ -209,9 +215,8 @@ class ValkeySecondaryTier(SecondaryTierManager):
             else:
                 self._book.mark([bytes(k) for k in good], True)
                 stored = [k for k, o, s in zip(keys, ok, sent) if o and s]
-                if self._events is not None and stored:
-                    self._events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False,
-                                                        locality=self.locality))
+                if self._events is not None:
+                    self._events.stored(stored, req_context)
                 results.append(job_result(outcome.job_id, not bad, None, outcome.seconds, outcome.nbytes))
         return results
 
@@ -224,10 +229,11 @@ class ValkeySecondaryTier(SecondaryTierManager):
         transfer short. Bounded by the store's deadlines and the fabric's revocation."""
         self._jobs.drain()
 
-    def take_events(self) -> Iterable[OffloadingEvent]:
-        if self._events:
-            events, self._events = self._events, []
-            yield from events
+    def take_events(self) -> Iterable[Any]:
+        """vLLM's OffloadingEvents: blocks stored here, and announced blocks seen gone (events.py)."""
+        self._apply_answers()
+        if self._events is not None:
+            yield from self._events.take()
 
     # ------------------------------------------------------------- lifecycle
 

@@ -1,0 +1,80 @@
+"""``TierEvents``: the KV events our vLLM tier reports through ``take_events``.
+
+vLLM's KV-event publisher (``--kv-events-config``) carries what each cache holds to routers
+(llm-d, Dynamo), which place requests by it. A tier reports only the storage state it owns
+(vLLM's ``OffloadingManager.take_events``), so this server announces:
+
+* **stored**: blocks this tier wrote to Valkey, once the write is acknowledged;
+* **removed**: blocks it announced that Valkey no longer holds (evicted by ``maxmemory``,
+  expired, deleted), once seen: an existence check that *answered* "absent" (a failed or
+  late check proves nothing and removes nothing).
+
+Valkey evicts silently, so "once seen" is the best a client can do without keyspace
+notifications (which managed Valkey and confined ACL users, ``resetchannels``, do not
+offer): a removal is reported when the next request asks for the block.
+
+Blocks another server stored are that server's to announce. The blocks this server vouches
+for are bounded (``MAX_TRACKED``, oldest forgotten first); a forgotten block is released
+from vLLM's event metadata without a public removal (``metadata_only``, vLLM 0.33+), since
+it may well still be in Valkey.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterable, Sequence
+
+from .compat import Locality, Medium, OffloadKey, offloading_event
+
+# Blocks this server announced and would announce the removal of: ~100 bytes each.
+MAX_TRACKED = 1 << 18
+
+
+class TierEvents:
+    """Stored/removed events of one tier, in the order they happened (scheduler thread)."""
+
+    def __init__(self, ownership: str, locality: Locality, max_tracked: int = MAX_TRACKED) -> None:
+        self._ownership = ownership
+        self._locality = locality
+        self._max = max_tracked
+        self._events: list[Any] = []
+        self._announced: OrderedDict[bytes, None] = OrderedDict()
+
+    def stored(self, keys: Sequence[OffloadKey], req_context: Any = None) -> None:
+        if not keys:
+            return
+        self._events.append(offloading_event(
+            list(keys), Medium.CPU, removed=False, locality=self._locality, ownership=self._ownership,
+            removal_expected=True, req_context=req_context))
+        for k in keys:
+            self._announced[bytes(k)] = None
+            self._announced.move_to_end(bytes(k))
+        forgotten = []
+        while len(self._announced) > self._max:
+            forgotten.append(OffloadKey(self._announced.popitem(last=False)[0]))
+        if forgotten:
+            event = offloading_event(forgotten, Medium.CPU, removed=True, locality=self._locality,
+                                     ownership=self._ownership, metadata_only=True)
+            if event is not None:  # vLLM 0.32 has no metadata-only removal: nothing to free there
+                self._events.append(event)
+
+    def answered(self, keys: Iterable[bytes], found: Iterable[bool]) -> None:
+        """An existence check's answers: an announced block answered absent is removed."""
+        gone = []
+        for k, f in zip(keys, found):
+            if not f and k in self._announced:
+                del self._announced[k]
+                gone.append(OffloadKey(k))
+        if gone:
+            self._events.append(offloading_event(gone, Medium.CPU, removed=True, locality=self._locality,
+                                                 ownership=self._ownership))
+
+    def take(self) -> list[Any]:
+        events, self._events = self._events, []
+        return events
+
+    def tracked(self) -> int:
+        return len(self._announced)
+
+
+__all__ = ["MAX_TRACKED", "TierEvents"]
