@@ -136,6 +136,17 @@ def test_tracking_is_bounded_and_forgetting_is_not_a_public_removal() -> None:
         published = list(tracker().take_events(events))
         assert not [x for x in published if isinstance(x, BlockRemoved)]
     # The forgotten block answered absent later is not this server's to report any more.
-    ev.answered([bytes(k) for k in ks], [False, False, False])
+    ev.answered([bytes(k) for k in ks], [False, False, False], ev.announcements())
     (removal,) = ev.take()
     assert removal.keys == ks[1:]
+
+
+def test_an_absent_answer_to_a_check_sent_before_the_block_was_stored_removes_nothing() -> None:
+    ev = TierEvents(OURS, Locality.REMOTE)
+    (k,) = keys("race", 1)
+    asked_after = ev.announcements()  # a lookup's check leaves for Valkey...
+    ev.stored([k])  # ...a store of the block lands and is announced...
+    ev.answered([bytes(k)], [False], asked_after)  # ...then Valkey's answer, from before it landed
+    assert [x.removed for x in ev.take()] == [False] and ev.tracked() == 1
+    ev.answered([bytes(k)], [False], ev.announcements())  # a check sent after it: a real loss
+    assert [x.removed for x in ev.take()] == [True] and ev.tracked() == 0

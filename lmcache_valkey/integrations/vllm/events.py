@@ -7,7 +7,8 @@ vLLM's KV-event publisher (``--kv-events-config``) carries what each cache holds
 * **stored**: blocks this tier wrote to Valkey, once the write is acknowledged;
 * **removed**: blocks it announced that Valkey no longer holds (evicted by ``maxmemory``,
   expired, deleted), once seen: an existence check that *answered* "absent" (a failed or
-  late check proves nothing and removes nothing).
+  late check proves nothing and removes nothing; nor does a check sent before the block's
+  latest announcement, whose store may have landed after Valkey answered).
 
 Valkey evicts silently, so "once seen" is the best a client can do without keyspace
 notifications (which managed Valkey and confined ACL users, ``resetchannels``, do not
@@ -38,7 +39,9 @@ class TierEvents:
         self._locality = locality
         self._max = max_tracked
         self._events: list[Any] = []
-        self._announced: OrderedDict[bytes, None] = OrderedDict()
+        # announced block -> the count of store announcements when it was last announced
+        self._announced: OrderedDict[bytes, int] = OrderedDict()
+        self._announcements = 0
 
     def stored(self, keys: Sequence[OffloadKey], req_context: Any = None) -> None:
         if not keys:
@@ -46,8 +49,9 @@ class TierEvents:
         self._events.append(offloading_event(
             list(keys), Medium.CPU, removed=False, locality=self._locality, ownership=self._ownership,
             removal_expected=True, req_context=req_context))
+        self._announcements += 1
         for k in keys:
-            self._announced[bytes(k)] = None
+            self._announced[bytes(k)] = self._announcements
             self._announced.move_to_end(bytes(k))
         forgotten = []
         while len(self._announced) > self._max:
@@ -58,11 +62,16 @@ class TierEvents:
             if event is not None:  # vLLM 0.32 has no metadata-only removal: nothing to free there
                 self._events.append(event)
 
-    def answered(self, keys: Iterable[bytes], found: Iterable[bool]) -> None:
-        """An existence check's answers: an announced block answered absent is removed."""
+    def announcements(self) -> int:
+        """A mark to give :meth:`answered` for a check sent now."""
+        return self._announcements
+
+    def answered(self, keys: Iterable[bytes], found: Iterable[bool], asked_after: int) -> None:
+        """An existence check's answers: an announced block answered absent is removed,
+        unless it was announced again after the check was sent (``asked_after``)."""
         gone = []
         for k, f in zip(keys, found):
-            if not f and k in self._announced:
+            if not f and self._announced.get(k, asked_after + 1) <= asked_after:
                 del self._announced[k]
                 gone.append(OffloadKey(k))
         if gone:

@@ -97,8 +97,10 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes, defer_release=DEFERRED_RELEASE)
         self._book = LookupBook()
         # Answers of batched existence checks, from the I/O loop to the scheduler thread.
-        # (batch, found, answered, seconds): ``answered`` False when the check failed.
-        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], bool, float]] = queue.SimpleQueue()
+        # (batch, found, answered, announcements before it was sent, seconds): ``answered``
+        # False when the check failed.
+        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], bool, int, float]] = \
+            queue.SimpleQueue()
         # job -> (keys, sent, the request's context)
         self._job_keys: dict[int, tuple[list[OffloadKey], list[bool], ReqContext]] = {}
         self._events: TierEvents | None = None
@@ -135,9 +137,10 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._apply_answers()
         batch = self._book.take_batch()
         if batch and not self._closed:
-            self._session.io.submit(self._check(batch))
+            asked_after = self._events.announcements() if self._events is not None else 0
+            self._session.io.submit(self._check(batch, asked_after))
 
-    async def _check(self, batch: list[tuple[bytes, int]]) -> None:
+    async def _check(self, batch: list[tuple[bytes, int]], asked_after: int) -> None:
         started = time.perf_counter()
         found: list[bool] | None = None
         try:
@@ -146,18 +149,18 @@ class ValkeySecondaryTier(SecondaryTierManager):
             log.error("lmcache-valkey vLLM tier: existence check failed: %r", e)
         finally:
             answered = found is not None
-            self._answers.put((batch, found if answered else [False] * len(batch), answered,
+            self._answers.put((batch, found if answered else [False] * len(batch), answered, asked_after,
                                time.perf_counter() - started))
 
     def _apply_answers(self) -> None:
         while True:
             try:
-                batch, found, answered, seconds = self._answers.get_nowait()
+                batch, found, answered, asked_after, seconds = self._answers.get_nowait()
             except queue.Empty:
                 return
             self._book.resolve((k, g, f) for (k, g), f in zip(batch, found))
             if answered and self._events is not None:
-                self._events.answered((k for k, _ in batch), found)
+                self._events.answered((k for k, _ in batch), found, asked_after)
             hits = sum(found)
             self._stats.lookup_batch(seconds, hits, len(found) - hits)
 
