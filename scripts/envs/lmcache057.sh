@@ -18,8 +18,11 @@ setup() {
     env_pip --upgrade pip wheel  # setuptools: LMCache 0.5.7 wants <81
     env_pip "$(python3 scripts/pins.py pin torch)"
     env_constraints lmcache
+    # No --pre: the exact pin names the release candidate, and --pre would let every other
+    # package resolve to a pre-release too (it pulled httpx 1.0.dev6, which LMCache's own
+    # cache-event sink cannot construct).
     # shellcheck disable=SC2046
-    env_pip --pre -c "$VENV/ci-constraints.txt" $(env_pins install)
+    env_pip -c "$VENV/ci-constraints.txt" $(env_pins install)
     env_pip -c "$VENV/ci-constraints.txt" -e ".[server,s3,test]"
     "$VENV/bin/python" -c "import lmcache.inprocess, lmcache.v1.distributed.l2_adapters.plugin_l2_adapter" 2>/dev/null \
         || { log "LMCache 0.5.7 modules do not import in $VENV"; exit 1; }
