@@ -73,10 +73,10 @@ class LmcvL2Adapter(L2AdapterInterface):
         self.namespace = namespace_for(self.settings, NAMESPACE_FIELDS)
         self._lock = threading.Lock()
         self._locks: Counter[ObjectKey] = Counter()  # lookup-and-lock holders per key
-        self._sizes: dict[ObjectKey, int] = {}  # bytes this adapter accounted per stored key
-        # When each accounted key last landed (a count of store tasks): a lookup answered
-        # "absent" drops only keys that landed before it asked (see _lookup).
-        self._landed: dict[ObjectKey, int] = {}
+        # Per stored key: the bytes this adapter accounted, and when it last landed (a count
+        # of store tasks: a lookup answered "absent" drops only keys that landed before it
+        # asked, see _lookup).
+        self._sizes: dict[ObjectKey, tuple[int, int]] = {}
         self._stores_landed = 0
         self._cursors: dict[str, AsyncIterator[str]] = {}
         self._cursor_ids = itertools.count(1)
@@ -139,9 +139,9 @@ class LmcvL2Adapter(L2AdapterInterface):
                 moved += n
                 stored.append(k)
                 # a re-store of a key already accounted adds no bytes
-                sizes.append(0 if k in self._sizes else n)
-                self._sizes.setdefault(k, n)
-                self._landed[k] = self._stores_landed
+                accounted = self._sizes.get(k)
+                sizes.append(0 if accounted else n)
+                self._sizes[k] = (accounted[0] if accounted else n, self._stores_landed)
         if stored:
             self._notify_keys_stored(stored, sizes)
         return L2StoreResult(all(ok), moved)
@@ -177,9 +177,9 @@ class LmcvL2Adapter(L2AdapterInterface):
                     # Stored here, answered absent (a TTL, maxmemory, a DEL, a failover):
                     # LMCache's accounting and its cache events learn of the loss. A failed
                     # check proves nothing; a store that landed since the check was sent wins.
-                    if answer is not None and k in self._sizes and self._landed[k] <= asked_after:
-                        lost.append((k, self._sizes.pop(k)))
-                        del self._landed[k]
+                    accounted = self._sizes.get(k) if answer is not None else None
+                    if accounted and accounted[1] <= asked_after:
+                        lost.append((k, self._sizes.pop(k)[0]))
                     continue
                 bitmap.set(i)
                 self._locks[k] += 1
@@ -281,9 +281,7 @@ class LmcvL2Adapter(L2AdapterInterface):
             log.warning("lmcache-valkey: delete of %d chunks failed: %s", len(doomed), e)
             return
         with self._lock:
-            gone = [(k, self._sizes.pop(k)) for k in doomed if k in self._sizes]
-            for k, _ in gone:
-                del self._landed[k]
+            gone = [(k, self._sizes.pop(k)[0]) for k in doomed if k in self._sizes]
         if gone:
             self._notify_keys_deleted([k for k, _ in gone], [n for _, n in gone])
 

@@ -46,9 +46,7 @@ class TierEvents:
     def stored(self, keys: Sequence[OffloadKey], req_context: Any = None) -> None:
         if not keys:
             return
-        self._events.append(offloading_event(
-            list(keys), Medium.CPU, removed=False, locality=self._locality, ownership=self._ownership,
-            removal_expected=True, req_context=req_context))
+        self._events.append(self._event(list(keys), removed=False, removal_expected=True, req_context=req_context))
         self._announcements += 1
         for k in keys:
             self._announced[bytes(k)] = self._announcements
@@ -57,8 +55,7 @@ class TierEvents:
         while len(self._announced) > self._max:
             forgotten.append(OffloadKey(self._announced.popitem(last=False)[0]))
         if forgotten:
-            event = offloading_event(forgotten, Medium.CPU, removed=True, locality=self._locality,
-                                     ownership=self._ownership, metadata_only=True)
+            event = self._event(forgotten, removed=True, metadata_only=True)
             if event is not None:  # vLLM 0.32 has no metadata-only removal: nothing to free there
                 self._events.append(event)
 
@@ -75,8 +72,10 @@ class TierEvents:
                 del self._announced[k]
                 gone.append(OffloadKey(k))
         if gone:
-            self._events.append(offloading_event(gone, Medium.CPU, removed=True, locality=self._locality,
-                                                 ownership=self._ownership))
+            self._events.append(self._event(gone, removed=True))
+
+    def _event(self, keys: list[OffloadKey], **kw: Any) -> Any:
+        return offloading_event(keys, Medium.CPU, locality=self._locality, ownership=self._ownership, **kw)
 
     def take(self) -> list[Any]:
         events, self._events = self._events, []

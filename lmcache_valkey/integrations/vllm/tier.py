@@ -97,9 +97,8 @@ class ValkeySecondaryTier(SecondaryTierManager):
         self._jobs = JobRunner(self._session, self._flat, self.block_size_bytes, defer_release=DEFERRED_RELEASE)
         self._book = LookupBook()
         # Answers of batched existence checks, from the I/O loop to the scheduler thread.
-        # (batch, found, answered, announcements before it was sent, seconds): ``answered``
-        # False when the check failed.
-        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool], bool, int, float]] = \
+        # (batch, found or None when the check failed, announcements before it was sent, seconds)
+        self._answers: queue.SimpleQueue[tuple[list[tuple[bytes, int]], list[bool] | None, int, float]] = \
             queue.SimpleQueue()
         # job -> (keys, sent, the request's context)
         self._job_keys: dict[int, tuple[list[OffloadKey], list[bool], ReqContext]] = {}
@@ -148,19 +147,18 @@ class ValkeySecondaryTier(SecondaryTierManager):
         except Exception as e:  # the store answers misses itself; anything else is a bug, still a miss
             log.error("lmcache-valkey vLLM tier: existence check failed: %r", e)
         finally:
-            answered = found is not None
-            self._answers.put((batch, found if answered else [False] * len(batch), answered, asked_after,
-                               time.perf_counter() - started))
+            self._answers.put((batch, found, asked_after, time.perf_counter() - started))
 
     def _apply_answers(self) -> None:
         while True:
             try:
-                batch, found, answered, asked_after, seconds = self._answers.get_nowait()
+                batch, answer, asked_after, seconds = self._answers.get_nowait()
             except queue.Empty:
                 return
+            found = answer if answer is not None else [False] * len(batch)  # a failed check: misses
             self._book.resolve((k, g, f) for (k, g), f in zip(batch, found))
-            if answered and self._events is not None:
-                self._events.answered((k for k, _ in batch), found, asked_after)
+            if answer is not None and self._events is not None:
+                self._events.answered((k for k, _ in batch), answer, asked_after)
             hits = sum(found)
             self._stats.lookup_batch(seconds, hits, len(found) - hits)
 
