@@ -46,8 +46,9 @@ static struct {
     unsigned long long arena_mb, chunk_kb;
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
-    unsigned long long proofs_ok, proofs_failed, outside_regions, evicted;
+    unsigned long long proofs_ok, proofs_failed, outside_regions, evicted, propagated;
     int evict;         /* arena_eviction lru (1) | none (0): docs/fabric-keyspace.md */
+    int propagate;     /* propagate yes (1, the default) | no (0): docs/fabric-keyspace.md */
     /* 1 (the default): refuse HELLO without PROOF, and a session moves bytes only inside
      * the regions it declared. 0 (`require_proof no`, for clients that cannot prove, e.g.
      * other large-object clients): any client may claim any fabric address, and a session
@@ -57,7 +58,7 @@ static struct {
     /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
      * for the main thread to run the reply callback (both summed, in microseconds). */
     unsigned long long fabric_usec, unblock_usec;
-} G = {.require_proof = 1, .extensions = 1, .evict = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
+} G = {.require_proof = 1, .extensions = 1, .evict = 1, .propagate = 1, .default_timeout_ms = 5000, .max_timeout_ms = 60000, .provider = "tcp;ofi_rxm",
        .bind = "", .arena_mb = 1024, .chunk_kb = 1024};
 
 static blob *blob_new(uint64_t len) {
@@ -350,7 +351,43 @@ static int other_type(RMCtx *ctx, RMString *name) {
     return kind < 0;
 }
 
-/* Stores b (taking over one reference) under name, replacing whatever was there. */
+/* ---- propagation: what replicas and the AOF must redo ------------------------------------ */
+
+/* 1 when this write must reach replicas or the AOF. Valkey propagates nothing a module does
+ * unless told, and an RMA SET's bytes sit in a peer's memory that no replica or AOF loader can
+ * reach: so a stored value goes out as the inline BLOB.SET with its bytes, a copy of the value
+ * into the replication stream. That copy is paid only where something reads the stream: the
+ * AOF is on, or this primary keeps a replication backlog (a replica attached, or one that may
+ * resync from it). A replica that attaches later gets the values by full sync (RDB). On a
+ * replica, its own replicas get the primary's stream, so only its AOF counts. */
+static int should_propagate(RMCtx *ctx) {
+    if (!G.propagate) return 0; /* `propagate no`: replicas and the AOF lack fabric-written values */
+    int f = RM_GetContextFlags(ctx);
+    if (f & RM_CTX_FLAGS_LOADING) return 0;
+    if (f & RM_CTX_FLAGS_AOF) return 1;
+    if (!(f & RM_CTX_FLAGS_MASTER)) return 0;
+    RMServerInfoData *info = RM_GetServerInfo(ctx, "replication");
+    if (!info) return 1; /* unknown: propagate, the safe side */
+    int err = 0;
+    unsigned long long backlog = RM_ServerInfoGetFieldUnsigned(info, "repl_backlog_active", &err);
+    RM_FreeServerInfo(ctx, info);
+    return err || backlog;
+}
+
+/* The value of key (just stored, ttl_ms left or RM_NO_EXPIRE) as replicas must apply it: the
+ * deprecated inline BLOB.SET (it takes any value, empty ones included, and replaces any type,
+ * which the primary already decided) and an absolute expiry, so that a replica's copy expires
+ * when the primary's does however late it applies the stream. Two commands: Valkey wraps them
+ * in MULTI/EXEC. */
+static void propagate_store(RMCtx *ctx, RMString *name, const blob *b, long long ttl_ms) {
+    if (!should_propagate(ctx)) return;
+    RM_Replicate(ctx, LMCV_CMD_LEGACY_SET, "sb", name, blob_ptr(b), (size_t)b->len);
+    if (ttl_ms != RM_NO_EXPIRE) RM_Replicate(ctx, "PEXPIREAT", "sl", name, RM_Milliseconds() + ttl_ms);
+    G.propagated++;
+}
+
+/* Stores b (taking over one reference) under name, replacing whatever was there, and
+ * propagates the value where replicas or the AOF need it. */
 static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
     RMKey *key = RM_OpenKey(ctx, name, RM_READ | RM_WRITE);
     int t = RM_KeyType(key);
@@ -365,7 +402,9 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
         long long room = LLONG_MAX - RM_Milliseconds();
         RM_SetExpire(key, px_ms < room ? px_ms : room);
     }
+    long long ttl = RM_GetExpire(key);
     RM_CloseKey(key);
+    propagate_store(ctx, name, b, ttl);
 }
 
 /* ---- arena eviction ------------------------------------------------------------------- */
@@ -380,6 +419,7 @@ static void store_blob(RMCtx *ctx, RMString *name, blob *b, long long px_ms) {
  * frees its extent when that transfer ends. `arena_eviction none` keeps NOSPACE. */
 static blob *blob_new_evicting(RMCtx *ctx, uint64_t len) {
     blob *b = blob_new(len);
+    int propagate = -1; /* asked once, at the first victim */
     for (int tries = 0; !b && G.evict && len <= lmcv_arena_size(G.arena) && tries < EVICT_MAX; tries++) {
         lmcv_lru_lock();
         blob *v = (blob *)lmcv_lru_rotate_locked();
@@ -403,6 +443,10 @@ static blob *blob_new_evicting(RMCtx *ctx, uint64_t len) {
             RM_ModuleTypeGetValue(key) == v) {
             RM_DeleteKey(key); /* type_free: out of the list, the keyspace's reference dropped */
             G.evicted++;
+            /* Replicas evict nothing by themselves: they follow the primary's DELs (in the
+             * victim's database, selected here). */
+            if (propagate < 0) propagate = should_propagate(ctx);
+            if (propagate) RM_Replicate(ctx, "DEL", "s", name);
         }
         RM_CloseKey(key);
         if (db != here) RM_SelectDb(ctx, here);
@@ -886,6 +930,8 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "proofs_failed", G.proofs_failed);
     RM_InfoAddFieldULongLong(ctx, "outside_regions", G.outside_regions);
     RM_InfoAddFieldULongLong(ctx, "evicted", G.evicted);
+    RM_InfoAddFieldULongLong(ctx, "propagate", (unsigned long long)G.propagate);
+    RM_InfoAddFieldULongLong(ctx, "propagated", G.propagated); /* values sent to replicas/AOF */
     RM_InfoAddFieldULongLong(ctx, "xfers_ok", st.xfers_ok);
     RM_InfoAddFieldULongLong(ctx, "xfers_failed", st.xfers_failed);
     RM_InfoAddFieldULongLong(ctx, "xfers_timedout", st.xfers_timedout);
@@ -1001,6 +1047,8 @@ static int parse_module_args(RMCtx *ctx, RMString **argv, int argc) {
             G.extensions = !strcasecmp(v, "yes");
         else if (!strcasecmp(k, "arena_eviction") && (!strcasecmp(v, "lru") || !strcasecmp(v, "none")))
             G.evict = !strcasecmp(v, "lru");
+        else if (!strcasecmp(k, "propagate") && (!strcasecmp(v, "yes") || !strcasecmp(v, "no")))
+            G.propagate = !strcasecmp(v, "yes");
         else { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: bad module argument %s=%s", k, v); return -1; }
     }
     if (argc % 2) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: module arguments come in key value pairs"); return -1; }

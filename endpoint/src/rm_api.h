@@ -31,6 +31,8 @@
 /* GetContextFlags bits for calls that cannot hold a fabric session or block. */
 #define RM_CTX_FLAGS_LUA (1 << 0)
 #define RM_CTX_FLAGS_MULTI (1 << 1)
+#define RM_CTX_FLAGS_MASTER (1 << 2)
+#define RM_CTX_FLAGS_AOF (1 << 6)
 #define RM_CTX_FLAGS_REPLICATED (1 << 12)
 #define RM_CTX_FLAGS_LOADING (1 << 13)
 #define RM_CTX_FLAGS_DENY_BLOCKING (1 << 21)
@@ -130,6 +132,7 @@ typedef struct RMCommand RMCommand;
 typedef void (*RMEventCallback)(RMCtx *ctx, RMEvent e, uint64_t sub, void *data);
 typedef void (*RMTimerProc)(RMCtx *ctx, void *data);
 typedef struct RMCallReply RMCallReply;
+typedef struct RMServerInfoData RMServerInfoData;
 
 #define RM_API_LIST(X)                                                                          \
     X(int, SetModuleAttribs, (RMCtx *, const char *, int, int))                                \
@@ -181,7 +184,11 @@ typedef struct RMCallReply RMCallReply;
     X(void, FreeString, (RMCtx *, RMString *))                                                 \
     X(long long, GetExpire, (RMKey *))                                                         \
     X(int, GetSelectedDb, (RMCtx *))                                                           \
-    X(int, SelectDb, (RMCtx *, int))
+    X(int, SelectDb, (RMCtx *, int))                                                           \
+    X(int, Replicate, (RMCtx *, const char *, const char *, ...))                              \
+    X(RMServerInfoData *, GetServerInfo, (RMCtx *, const char *))                              \
+    X(void, FreeServerInfo, (RMCtx *, RMServerInfoData *))                                     \
+    X(unsigned long long, ServerInfoGetFieldUnsigned, (RMServerInfoData *, const char *, int *))
 
 /* Entry points some supported servers lack (Redis 7.0 has no ACL categories for modules):
  * NULL when absent, and the caller degrades as documented where it is used. */

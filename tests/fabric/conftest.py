@@ -59,7 +59,8 @@ class Server:
     log: Path
     arena_mb: int = 256
     port: int = field(default_factory=free_port)
-    extra: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()  # module arguments
+    config: tuple[str, ...] = ()  # server options, after (so overriding) the defaults above
     proc: subprocess.Popen | None = None
 
     def start(self) -> "Server":
@@ -74,8 +75,12 @@ class Server:
         return self._start_once()
 
     def _start_once(self) -> "Server":
+        # Its own directory: a replica's full sync writes dump.rdb there, which a later server
+        # started in the same directory would load (and with it a replication history).
+        workdir = self.log.with_suffix(".dir")
+        workdir.mkdir(exist_ok=True)
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--logfile", str(self.log), "--loadmodule", str(MODULE_SO), "provider", self.provider,
+                "--dir", str(workdir), "--logfile", str(self.log), *self.config, "--loadmodule", str(MODULE_SO), "provider", self.provider,
                 "bind", "127.0.0.1", "arena_mb", str(self.arena_mb), *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         for _ in range(200):
