@@ -23,6 +23,7 @@ the I/O loop.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable
 
@@ -30,7 +31,7 @@ import crc32c as _crc32c
 
 from .errors import ConfigError
 
-__all__ = ["crc32c", "IMPLEMENTATION", "ISAL_MIN", "ISAL_MISSING"]
+__all__ = ["crc32c", "crc32c_combine", "IMPLEMENTATION", "ISAL_MIN", "ISAL_MISSING"]
 
 ISAL_MIN = 32 << 10
 # crc32_iscsi takes an int length: longer buffers go in pieces of this size.
@@ -104,3 +105,54 @@ IMPLEMENTATION: str
 crc32c: Callable[..., int]
 ISAL_MISSING: str | None
 IMPLEMENTATION, crc32c, ISAL_MISSING = _choose()
+
+
+# -- combining: the CRC of A+B from the CRCs of A and B ----------------------------------------
+# CRC32C is linear over GF(2): crc(A+B) = crc(A) * x^(8*len(B)) mod P  xor  crc(B), in the
+# reflected bit order the CRC uses (zlib's crc32_combine, with Castagnoli's polynomial). It
+# lets a value's CRC be had without reading it again when the CRC of its parts is known.
+_POLY = 0x82F63B78  # Castagnoli, reflected
+_X0 = 1 << 31  # the polynomial 1 in reflected order
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo the polynomial (both reflected, 32 bits)."""
+    m, p = _X0, 0
+    while True:
+        if a & m:
+            p ^= b
+            if a & (m - 1) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _powers() -> list[int]:
+    """x^(2^k) modulo the polynomial, k = 0..63."""
+    out = [_X0 >> 1]  # x^1
+    for _ in range(63):
+        out.append(_multmodp(out[-1], out[-1]))
+    return out
+
+
+_X2N = _powers()
+
+
+@functools.lru_cache(maxsize=64)
+def _shift(nbytes: int) -> int:
+    """x^(8 * nbytes) modulo the polynomial. Cached: a deployment's values have a few sizes."""
+    p, k = _X0, 3  # 8 * nbytes = nbytes << 3
+    while nbytes:
+        if nbytes & 1:
+            p = _multmodp(_X2N[k & 63], p)
+        nbytes >>= 1
+        k += 1
+    return p
+
+
+def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """The CRC32C of A followed by B, from ``crc_a = crc32c(A)``, ``crc_b = crc32c(B)`` and
+    ``len_b = len(B)``: no byte is read. A few microseconds (the shift is cached by length)."""
+    if len_b < 0:
+        raise ValueError(f"len_b must be >= 0, got {len_b}")
+    return _multmodp(_shift(len_b), crc_a) ^ crc_b

@@ -38,7 +38,7 @@ from typing import Sequence, Union
 
 import msgpack
 
-from .checksum import crc32c
+from .checksum import crc32c, crc32c_combine
 from .errors import CorruptChunk
 
 MAGIC = b"LMCV"
@@ -229,6 +229,24 @@ def encode_header(
     buf[_FIXED.size : _FIXED.size + len(packed)] = packed
     struct.pack_into("<I", buf, _CRC_OFFSET, crc32c(buf))
     return buf
+
+
+def value_crc(first: object, value_len: int) -> int | None:
+    """The CRC32C of a whole stored value (header then payload, ``value_len`` bytes in all)
+    whose first part is ``first``, computed from the header's payload CRC without reading the
+    payload: what a large-object server compares with the ``CRC`` of ``BLOB.RDMA_SET`` before
+    it stores anything. None when ``first`` is not a chunk header of this format describing
+    ``value_len - HEADER_SIZE`` payload bytes (then there is no CRC to send)."""
+    if not isinstance(first, (bytes, bytearray, memoryview)):
+        return None
+    view = memoryview(first)
+    if view.nbytes != HEADER_SIZE:
+        return None
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    magic, version, hsize, plen, pcrc = _FIXED.unpack_from(view, 0)[:5]
+    if magic != MAGIC or version != VERSION or hsize != HEADER_SIZE or plen != value_len - HEADER_SIZE:
+        return None
+    return crc32c_combine(crc32c(view), pcrc, plen)
 
 
 def decode_header(buf: bytes | bytearray | memoryview) -> Header:

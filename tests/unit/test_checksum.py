@@ -94,3 +94,14 @@ def test_isal_required_but_missing_fails_naming_the_package(monkeypatch):
     name, fn, missing = checksum._choose()
     assert name == "crc32c" and fn(b"abc") == reference.crc32c(b"abc")
     assert "libisal-not-here.so.9" in missing and "libisal2" in missing
+
+
+@pytest.mark.parametrize("len_a,len_b", [(0, 0), (0, 5), (5, 0), (512, 1), (512, 4 << 20), (3, 123_457), (1 << 16, 7)])
+def test_the_crc_of_two_pieces_combines_without_reading_them(len_a, len_b):
+    a, b = os.urandom(len_a), os.urandom(len_b)
+    assert checksum.crc32c_combine(checksum.crc32c(a), checksum.crc32c(b), len_b) == reference.crc32c(a + b)
+
+
+def test_combining_refuses_a_negative_length():
+    with pytest.raises(ValueError, match="len_b"):
+        checksum.crc32c_combine(1, 2, -1)

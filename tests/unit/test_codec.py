@@ -2,6 +2,7 @@
 
 import os
 
+import google_crc32c
 import pytest
 
 from lmcache_valkey import codec
@@ -149,3 +150,17 @@ def test_a_namespace_layout_admits_its_full_and_partial_chunks_only():
     assert not fits(((2, 4, 256, 64), (2, 4, 256, 32)), ("torch.float16",) * 2)  # another dtype
     assert not fits(((2, 4, 256, 64), (2, 4, 256, 32)), fmt=2)  # another format
     assert not fits(((2, 4, 256, 64),), ("torch.bfloat16",))  # a group missing
+
+
+def test_a_stored_values_crc_comes_from_its_header_without_reading_the_payload():
+    # What BLOB.RDMA_SET ... CRC carries: the CRC32C of header + payload, as the server computes it.
+    payload = os.urandom(16 * 1024)
+    header = codec.encode_header(meta_for(16), payload, NS.digest_bytes, KD)
+    total = HEADER_SIZE + len(payload)
+    assert codec.value_crc(header, total) == google_crc32c.value(bytes(header) + payload)
+    assert codec.value_crc(memoryview(header), total) == google_crc32c.value(bytes(header) + payload)
+    # Not a header of ours, or one that describes another length: no CRC to send.
+    assert codec.value_crc(b"x" * HEADER_SIZE, total) is None
+    assert codec.value_crc(header, total + 1) is None
+    assert codec.value_crc(header[:100], total) is None
+    assert codec.value_crc(object(), total) is None

@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ProtocolError, server_error
 
 from ..resp.parser import describe
-from .errors import NoFabricSession, OutsideRegions, PeerNotProven, ServerDeadline, TransferFailed, WindowTooSmall
+from .errors import (
+    ChecksumRefused,
+    NoFabricSession,
+    OutsideRegions,
+    PeerNotProven,
+    ServerDeadline,
+    TransferFailed,
+    WindowTooSmall,
+)
 
 HELLO = "BLOB.RDMA_HELLO"
 RDMA_SET = "BLOB.RDMA_SET"
@@ -112,9 +120,13 @@ def get_rma(key: bytes, triples: Sequence[Triple], timeout_ms: int, partial: boo
 
 
 def set_rma(key: bytes, total: int, triples: Sequence[Triple], ttl_ms: int | None, timeout_ms: int,
-            extensions: bool) -> list[object]:
-    """RDMA_SET; the TTL and deadline only as our extension (else: ``expire`` after it)."""
+            extensions: bool, crc: int | None = None) -> list[object]:
+    """RDMA_SET; ``CRC`` (upstream: the server stores nothing unless the bytes it read have
+    this CRC32C) when known; the TTL and deadline only as our extension (else: ``expire``
+    after it)."""
     args: list[object] = [RDMA_SET, key, total]
+    if crc is not None:
+        args += [OPT_CRC, crc]
     for t in triples:
         args.extend(t)
     if extensions:
@@ -188,6 +200,8 @@ _UPSTREAM_ERRORS: tuple[tuple[str, type[LmcacheValkeyError]], ...] = (
     ("ERR RDMA read failed", TransferFailed),
     ("ERR client address space smaller than object length", WindowTooSmall),
     ("ERR RDMA provider unavailable", FabricUnavailable),
+    ("ERR payload CRC32C does not match", ChecksumRefused),  # our module's words for it
+    ("ERR checksum mismatch", ChecksumRefused),  # Momento's module (large-object 0.1.0 publishes none)
 )
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "OutsideRegions",
     "WindowTooSmall",
     "TransferFailed",
+    "ChecksumRefused",
     "ServerDeadline",
     "UnregisteredBuffer",
 ]
@@ -45,6 +46,14 @@ class TransferFailed(ServerError):
     """The server's fi_write/fi_read failed (bad rkey, peer gone...); all its ops drained."""
 
     cause = "fabric"
+
+
+class ChecksumRefused(ServerError):
+    """The server read bytes whose CRC32C differs from the ``CRC`` the SET announced, and
+    stored nothing: the buffer changed under the transfer, or the bytes were damaged on the
+    way. Never retried another way (the bulk path would store the same wrong bytes)."""
+
+    cause = "crc"
 
 
 class ServerDeadline(DeadlineExceeded):

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
-from lmcache_valkey import metrics
+from lmcache_valkey import codec, metrics
 from lmcache_valkey.codec import clip_parts, crc32c_parts, scatter
 from lmcache_valkey.errors import (
     ConnectionLost,
@@ -439,6 +439,9 @@ class FabricTransport:
         if plan.staged:
             self._stats["staged"] += 1
         total = sum(t[2] for t in plan.triples)
+        # A chunk's CRC, from its header (no payload byte read): the server stores it only if
+        # the bytes it read match, so a buffer changed under the transfer is never stored.
+        crc = codec.value_crc(parts[0], total) if parts else None
         try:
             if not plan.triples:
                 link.give_slots(plan)
@@ -450,7 +453,7 @@ class FabricTransport:
 
             def args_for(ms: int) -> Any:
                 ext = link.peer_proof is True
-                cmd = commands.set_rma(key, total, plan.triples, ttl_ms, ms, ext)
+                cmd = commands.set_rma(key, total, plan.triples, ttl_ms, ms, ext, crc)
                 # Without our PX option the TTL follows in the same round trip.
                 return (_PIPELINE, [cmd, commands.expire(key, ttl_ms)]) if ttl_ms and not ext else cmd
 
