@@ -23,6 +23,19 @@
 /* Extension (docs/security.md): PROVE <rkey> <addr> completes RDMA_HELLO ... PROOF. */
 #define LMCV_CMD_PROVE "BLOB.RDMA_PROVE"
 
+/* Momento's DMA dialect (momentohq/vdma, design/Design.md): values are plain strings.
+ *   DMA.HELLO                                   -> [server address hex, ...]
+ *   DMA.SET <addr hex> <rkey> <raddr> <len> <key> [<crc32c>]       -> len
+ *   DMA.GET <addr hex> <rkey> <raddr> <capacity> <key> [<crc-flag>] -> n | [n, crc32c] | nil
+ *   DMA.INFO                                    -> ["field: value", ...]
+ * Extension (ours): DMA.HELLO <addr hex> PROOF [REGION <rkey> <addr> <len>]... then
+ * DMA.PROVE <rkey> <addr>, as BLOB.RDMA_HELLO/BLOB.RDMA_PROVE. */
+#define LMCV_CMD_DMA_HELLO "DMA.HELLO"
+#define LMCV_CMD_DMA_SET "DMA.SET"
+#define LMCV_CMD_DMA_GET "DMA.GET"
+#define LMCV_CMD_DMA_INFO "DMA.INFO"
+#define LMCV_CMD_DMA_PROVE "DMA.PROVE"
+
 /* Deprecated (one release): our earlier names. SET/GET pick bulk or RMA by their shape. */
 #define LMCV_CMD_LEGACY_HELLO "BLOB.HELLO"
 #define LMCV_CMD_LEGACY_SET "BLOB.SET"

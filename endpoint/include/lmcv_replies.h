@@ -69,6 +69,18 @@
       "NOPROOF the nonce was not found at the claimed fabric address")                                           \
     X(OUTSIDE_REGIONS, n, "BADREGION a triple lies outside the regions this session declared at HELLO",          \
       "BADREGION a triple lies outside the regions this session declared at HELLO")                              \
-    X(OOM, n, "ERR out of memory", "ERR out of memory")
+    X(OOM, n, "ERR out of memory", "ERR out of memory")                                                          \
+    /* Momento's DMA dialect: its own words, in both columns. */                                                  \
+    X(DMA_HEX, n, "ERR invalid hex in address", "ERR invalid hex in address")                                    \
+    X(DMA_INT, n, "ERR invalid integer in advertisement", "ERR invalid integer in advertisement")                \
+    X(DMA_LEN, n, "ERR length is not an integer or out of range", "ERR length is not an integer or out of range") \
+    X(DMA_CRCARG, n, "ERR crc is not an integer or out of range", "ERR crc is not an integer or out of range")    \
+    X(DMA_CRC, n, "ERR checksum mismatch: client 0x%08llx, server 0x%08llx (value not stored)",                   \
+      "ERR checksum mismatch: client 0x%08llx, server 0x%08llx (value not stored)")                              \
+    X(DMA_CAPACITY, n, "ERR value of %llu bytes exceeds the client buffer of %llu bytes",                         \
+      "ERR value of %llu bytes exceeds the client buffer of %llu bytes")                                         \
+    /* Ours: a DMA command naming another address than its connection's session was opened for. */             \
+    X(DMA_ADDR, n, "NOPROOF the address is not the one this connection's fabric session was opened for",        \
+      "NOPROOF the address is not the one this connection's fabric session was opened for")
 
 #endif

@@ -457,6 +457,29 @@ void lmcv_fabric_close(lmcv_fabric *f) {
 const char *lmcv_fabric_name_hex(const lmcv_fabric *f) { return f->name_hex; }
 const char *lmcv_fabric_provider(const lmcv_fabric *f) { return f->provider; }
 
+void lmcv_fabric_describe(const lmcv_fabric *f, lmcv_fabric_desc *out) {
+    const struct fi_info *i = f->info;
+    out->addr_format = i->addr_format;
+    out->mr_mode = (uint64_t)(unsigned)i->domain_attr->mr_mode;
+    out->caps = i->caps;
+    out->requires_local_mr = (i->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+    out->virt_addr = (i->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    out->mr_flags = 0;
+    if (i->domain_attr->mr_mode & FI_MR_LOCAL) out->mr_flags |= LMCV_MR_LOCAL;
+    if (i->domain_attr->mr_mode & FI_MR_VIRT_ADDR) out->mr_flags |= LMCV_MR_VIRT_ADDR;
+    if (i->domain_attr->mr_mode & FI_MR_ALLOCATED) out->mr_flags |= LMCV_MR_ALLOCATED;
+    if (i->domain_attr->mr_mode & FI_MR_PROV_KEY) out->mr_flags |= LMCV_MR_PROV_KEY;
+    if (i->domain_attr->mr_mode & FI_MR_ENDPOINT) out->mr_flags |= LMCV_MR_ENDPOINT;
+    if (i->domain_attr->mr_mode & FI_MR_HMEM) out->mr_flags |= LMCV_MR_HMEM;
+    out->cap_flags = 0;
+    if (i->caps & FI_MSG) out->cap_flags |= LMCV_CAP_MSG;
+    if (i->caps & FI_RMA) out->cap_flags |= LMCV_CAP_RMA;
+    if (i->caps & FI_READ) out->cap_flags |= LMCV_CAP_READ;
+    if (i->caps & FI_WRITE) out->cap_flags |= LMCV_CAP_WRITE;
+    if (i->caps & FI_REMOTE_READ) out->cap_flags |= LMCV_CAP_REMOTE_READ;
+    if (i->caps & FI_REMOTE_WRITE) out->cap_flags |= LMCV_CAP_REMOTE_WRITE;
+}
+
 /* A peer address must have the form this provider's own addresses have: the family and
  * size of a socket address, a printable name, or (other formats) our own name's length.
  * The provider is never handed bytes of another shape to interpret. */

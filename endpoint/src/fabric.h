@@ -67,6 +67,19 @@ void lmcv_fabric_close(lmcv_fabric *f);
 /* Hex of the endpoint's own fabric address. */
 const char *lmcv_fabric_name_hex(const lmcv_fabric *f);
 const char *lmcv_fabric_provider(const lmcv_fabric *f);
+/* What the provider was opened with, for DMA.INFO: libfabric's values, and the bits of
+ * them that the reply names (so module.c needs no libfabric header). */
+enum { LMCV_MR_LOCAL = 1, LMCV_MR_VIRT_ADDR = 2, LMCV_MR_ALLOCATED = 4, LMCV_MR_PROV_KEY = 8,
+       LMCV_MR_ENDPOINT = 16, LMCV_MR_HMEM = 32 };
+enum { LMCV_CAP_MSG = 1, LMCV_CAP_RMA = 2, LMCV_CAP_READ = 4, LMCV_CAP_WRITE = 8, LMCV_CAP_REMOTE_READ = 16,
+       LMCV_CAP_REMOTE_WRITE = 32 };
+typedef struct {
+    uint32_t addr_format;
+    uint64_t mr_mode, caps;
+    unsigned mr_flags, cap_flags;
+    int requires_local_mr, virt_addr;
+} lmcv_fabric_desc;
+void lmcv_fabric_describe(const lmcv_fabric *f, lmcv_fabric_desc *out);
 /* Inserts a peer's raw address; 0 and *peer set on success. */
 int lmcv_fabric_add_peer(lmcv_fabric *f, const void *addr, size_t len, uint64_t *peer);
 /* Removes the peer once no queued or running transfer uses it (done by the thread). */

@@ -47,6 +47,8 @@ static struct {
     /* main-thread counters */
     unsigned long long bulk_gets, bulk_sets, rma_gets, rma_sets, misses, refused, objects;
     unsigned long long proofs_ok, proofs_failed, outside_regions, evicted, propagated;
+    /* the DMA dialect: values moved, and bytes copied between Valkey strings and the arena */
+    unsigned long long dma_sets, dma_gets, dma_copied_bytes;
     int evict;         /* arena_eviction lru (1) | none (0): docs/fabric-keyspace.md */
     int propagate;     /* propagate yes (1, the default) | no (0): docs/fabric-keyspace.md */
     /* 1 (the default): refuse HELLO without PROOF, and a session moves bytes only inside
@@ -287,6 +289,7 @@ typedef struct {
     int partial;
     int has_crc; /* RDMA_SET ... CRC <crc32c>: what the payload must hash to */
     uint32_t want_crc;
+    int dma; /* DMA_NONE, or how a DMA.* transfer replies */
 } req_args;
 
 /* Triples from argv[i] (each field checked, as valkey-large-object names its refusals),
@@ -461,8 +464,11 @@ static blob *blob_new_evicting(RMCtx *ctx, uint64_t len) {
 /* What a transfer is for, which decides its reply. */
 enum { KIND_GET = 1, KIND_SET = 2, KIND_PROVE = 3 };
 
+/* How a transfer of the DMA dialect replies (0: the large-object shapes). */
+enum { DMA_NONE = 0, DMA_REPLY_LEN = 1, DMA_REPLY_LEN_CRC = 2 };
+
 typedef struct {
-    int kind, status, has_crc;
+    int kind, status, has_crc, dma;
     dialect d;
     uint64_t inflight, obj_len, timeout_ms, finished_ns;
     uint32_t crc, want_crc;
@@ -474,7 +480,7 @@ typedef struct {
 
 typedef struct {
     lmcv_xfer x;
-    int kind, has_crc;
+    int kind, has_crc, dma;
     dialect d;
     uint32_t want_crc;
     uint64_t submitted_ns;
@@ -489,6 +495,7 @@ static void xfer_finished(lmcv_xfer *x, int status, uint64_t inflight) {
     xfer_result *r = calloc(1, sizeof(*r));
     if (!r) abort(); /* cannot reply without it; a lost reply would hang the client */
     r->kind = p->kind;
+    r->dma = p->dma;
     r->d = p->d;
     r->has_crc = p->has_crc;
     r->want_crc = p->want_crc;
@@ -522,6 +529,7 @@ static void xfer_release(lmcv_xfer *x) {
 }
 
 static int prove_reply(RMCtx *ctx, xfer_result *r);
+static int dma_xfer_reply(RMCtx *ctx, RMString **argv, xfer_result *r);
 
 static int reply_server_addresses(RMCtx *ctx) {
     /* The server's fabric addresses (one per device; this endpoint has one). */
@@ -539,6 +547,7 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     if (r->status == LMCV_XFER_SHUTDOWN) return reply_err(ctx, r->d, E_BUSY, 0, 0);
     if (r->status != LMCV_XFER_OK)
         return reply_err_s(ctx, r->d, r->kind == KIND_SET ? E_XFER_READ : E_XFER_WRITE, r->errmsg);
+    if (r->dma) return dma_xfer_reply(ctx, argv, r);
     if (r->kind == KIND_SET) {
         if (r->has_crc && r->crc != r->want_crc) return refuse(ctx, r->d, E_CRC); /* xfer_free drops it */
         if (r->d == UPSTREAM && other_type(ctx, argv[1])) return reply_err(ctx, r->d, E_WRONGTYPE, 0, 0);
@@ -569,6 +578,7 @@ static int start_xfer(RMCtx *ctx, dialect d, int kind, lmcv_session *s, blob *ob
     if (!p) { blob_unref(obj); return reply_err(ctx, d, E_OOM, 0, 0); }
     int op = kind == KIND_GET ? LMCV_XFER_WRITE : LMCV_XFER_READ;
     p->kind = kind;
+    p->dma = a->dma;
     p->d = d;
     p->has_crc = a->has_crc;
     p->want_crc = a->want_crc;
@@ -672,7 +682,7 @@ static int do_hello(RMCtx *ctx, RMString **argv, int argc, dialect d) {
     if (proof && lmcv_random(nonce, sizeof(nonce))) return reply_err(ctx, d, E_OOM, 0, 0);
     uint64_t peer;
     if (lmcv_fabric_add_peer(G.fabric, addr, alen, &peer)) return refuse(ctx, d, E_BADADDR);
-    lmcv_session *s = lmcv_session_add(id, peer);
+    lmcv_session *s = lmcv_session_add(id, peer, addr, alen);
     if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); return reply_err(ctx, d, E_OOM, 0, 0); }
     memcpy(s->regions, regions, sizeof(regions[0]) * (size_t)nregions);
     s->nregions = nregions;
@@ -878,6 +888,212 @@ static int cmd_legacy_get(RMCtx *ctx, RMString **argv, int argc) {
     return do_get(ctx, argv, LEGACY, &a);
 }
 
+/* ---- Momento's DMA dialect --------------------------------------------------------------
+ * DMA.SET/DMA.GET keep values as plain Valkey strings (a GET reads what DMA.SET wrote; a SET
+ * by a RESP worker is served by DMA.GET), and name the client's fabric address in every
+ * command. The module API of released Valkey cannot hand a string's memory to another
+ * thread safely, nor adopt memory as a string, so each transfer goes through the arena:
+ * DMA.SET reads into it and copies into a new string; DMA.GET copies the string into it and
+ * writes from there (one copy each way, counted in dma_copied_bytes; a value written by
+ * BLOB.* is served from the arena with no copy). Momento's module does without the copies
+ * through API that Valkey has not released (docs/fabric-dma-dialect.md). */
+
+/* The connection's session for the address a DMA command names, checked: with
+ * require_proof yes it must be a session this connection opened and proved for that
+ * address (DMA.HELLO <addr> PROOF, DMA.PROVE); with require_proof no, a connection without
+ * one gets an unconfined session for the address it names, as Momento's module does. NULL
+ * after replying the refusal. Redacts the address, the remote key and the remote address. */
+static lmcv_session *dma_session(RMCtx *ctx, RMString **argv, req_args *a) {
+    if (!G.fabric) { reply_err(ctx, UPSTREAM, E_NOFABRIC, 0, 0); return NULL; }
+    if (cannot_block(ctx)) { refuse(ctx, UPSTREAM, E_CANTBLOCK); return NULL; }
+    for (int i = 1; i <= 3; i++) redact(ctx, i);
+    unsigned char addr[LMCV_MAX_ADDR];
+    size_t alen = 0;
+    if (parse_hex(argv[1], addr, sizeof(addr), &alen) != E_COUNT) { refuse(ctx, UPSTREAM, E_DMA_HEX); return NULL; }
+    unsigned long long id = RM_GetClientId(ctx);
+    lmcv_session *s = lmcv_session_find(id);
+    if (!s) {
+        if (G.require_proof) { refuse(ctx, UPSTREAM, E_PROOF_REQUIRED); return NULL; }
+        uint64_t peer;
+        if (lmcv_fabric_add_peer(G.fabric, addr, alen, &peer)) { refuse(ctx, UPSTREAM, E_BADADDR); return NULL; }
+        s = lmcv_session_add(id, peer, addr, alen);
+        if (!s) { lmcv_fabric_forget_peer(G.fabric, peer); reply_err(ctx, UPSTREAM, E_OOM, 0, 0); return NULL; }
+        s->unconfined = 1;
+    } else if (s->addr_len != alen || memcmp(s->addr, addr, alen) != 0) {
+        refuse(ctx, UPSTREAM, E_DMA_ADDR);
+        return NULL;
+    }
+    if (s->state != LMCV_SESSION_ACTIVE) { refuse(ctx, UPSTREAM, E_NOT_PROVEN); return NULL; }
+    if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
+        G.outside_regions++;
+        refuse(ctx, UPSTREAM, E_OUTSIDE_REGIONS);
+        return NULL;
+    }
+    return s;
+}
+
+/* argv[2..4]: <rkey> <remote address> <length or capacity>, as one segment of a. 0, or the
+ * refusal already sent. */
+static int dma_segment(RMCtx *ctx, RMString **argv, req_args *a) {
+    memset(a, 0, sizeof(*a));
+    a->timeout_ms = G.default_timeout_ms;
+    uint64_t rkey, raddr, len;
+    if (parse_u64(argv[2], &rkey) || parse_u64(argv[3], &raddr)) return refuse(ctx, UPSTREAM, E_DMA_INT), -1;
+    if (parse_u64(argv[4], &len) || raddr + len < raddr) return refuse(ctx, UPSTREAM, E_DMA_LEN), -1;
+    a->segs[0] = (lmcv_seg){rkey, raddr, len};
+    a->nsegs = len > 0;
+    a->window = len;
+    return 0;
+}
+
+/* Stores len bytes at p as the string value of name (any old value and its TTL go, as with
+ * SET) and sends SET to replicas and the AOF where they read the stream. */
+static void dma_store_string(RMCtx *ctx, RMString *name, const char *p, size_t len) {
+    RMString *v = RM_CreateString(ctx, p, len);
+    RMKey *key = RM_OpenKey(ctx, name, RM_WRITE);
+    RM_StringSet(key, v);
+    RM_CloseKey(key);
+    if (should_propagate(ctx)) {
+        RM_Replicate(ctx, "SET", "ss", name, v);
+        G.propagated++;
+    }
+    RM_FreeString(ctx, v);
+}
+
+/* DMA.HELLO: the server's fabric addresses, and no session (Momento's form: the address
+ * travels with each command; with `extensions no` any arguments are ignored, as there).
+ * DMA.HELLO <addr hex> [PROOF] [REGION ...]: our extension, BLOB.RDMA_HELLO's session. */
+static int cmd_dma_hello(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc > 1 && G.extensions) return do_hello(ctx, argv, argc, UPSTREAM);
+    if (!G.fabric) return reply_err(ctx, UPSTREAM, E_NOFABRIC, 0, 0);
+    RM_ReplyWithArray(ctx, 1);
+    return RM_ReplyWithSimpleString(ctx, lmcv_fabric_name_hex(G.fabric));
+}
+
+/* DMA.SET <addr hex> <rkey> <remote address> <length> <key> [<crc32c>] -> length */
+static int cmd_dma_set(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 6 && argc != 7) return RM_WrongArity(ctx);
+    req_args a;
+    if (dma_segment(ctx, argv, &a)) return RM_OK;
+    uint64_t crc = 0;
+    if (argc == 7) {
+        if (parse_u64(argv[6], &crc) || crc > UINT32_MAX) return refuse(ctx, UPSTREAM, E_DMA_CRCARG);
+        a.has_crc = 1;
+        a.want_crc = (uint32_t)crc;
+    }
+    a.dma = DMA_REPLY_LEN;
+    lmcv_session *s = dma_session(ctx, argv, &a);
+    if (!s) return RM_OK;
+    uint64_t total = a.window;
+    if (total == 0) { /* nothing to read: the empty string (its CRC is 0) */
+        if (a.has_crc && a.want_crc != 0) return reply_err(ctx, UPSTREAM, E_DMA_CRC, a.want_crc, 0);
+        dma_store_string(ctx, argv[5], "", 0);
+        G.dma_sets++;
+        return RM_ReplyWithLongLong(ctx, 0);
+    }
+    if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, UPSTREAM, E_TOOLARGE, total, 0); }
+    blob *b = blob_new_evicting(ctx, total);
+    if (!b) { G.refused++; return reply_err(ctx, UPSTREAM, E_NOSPACE, total, 0); }
+    G.dma_sets++;
+    return start_xfer(ctx, UPSTREAM, KIND_SET, s, b, total, &a);
+}
+
+/* DMA.GET <addr hex> <rkey> <remote address> <capacity> <key> [<crc-flag>] -> n | [n, crc] | nil.
+ * The flag's presence asks for the CRC; its value is not read (as in Momento's module). */
+static int cmd_dma_get(RMCtx *ctx, RMString **argv, int argc) {
+    if (argc != 6 && argc != 7) return RM_WrongArity(ctx);
+    req_args a;
+    if (dma_segment(ctx, argv, &a)) return RM_OK;
+    a.dma = argc == 7 ? DMA_REPLY_LEN_CRC : DMA_REPLY_LEN;
+    lmcv_session *s = dma_session(ctx, argv, &a);
+    if (!s) return RM_OK;
+    RMKey *key = RM_OpenKey(ctx, argv[5], RM_READ);
+    int t = RM_KeyType(key);
+    blob *b = NULL;
+    if (t == RM_KEYTYPE_EMPTY) {
+        RM_CloseKey(key);
+        G.misses++;
+        return RM_ReplyWithNull(ctx);
+    }
+    if (t == RM_KEYTYPE_MODULE && RM_ModuleTypeGetType(key) == G.type) {
+        b = RM_ModuleTypeGetValue(key); /* written by BLOB.*: served in place */
+        lmcv_lru_touch(&b->lru);
+        if (b->len > a.window) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_DMA_CAPACITY, b->len, a.window); }
+        blob_ref(b);
+    } else if (t == RM_KEYTYPE_STRING) {
+        size_t n = 0;
+        const char *p = RM_StringDMA(key, &n, RM_READ);
+        if (n > a.window) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_DMA_CAPACITY, n, a.window); }
+        /* The string may change or go once this command returns: the transfer's bytes are a
+         * copy in the arena (LRU eviction makes room, as for a SET). */
+        if (n > 0 && !(b = blob_new_evicting(ctx, n))) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_NOSPACE, n, 0); }
+        if (b) {
+            memcpy(blob_ptr(b), p, n);
+            b->crc = lmcv_crc32c(0, p, n);
+            G.dma_copied_bytes += n;
+        }
+    } else {
+        RM_CloseKey(key);
+        return reply_err(ctx, UPSTREAM, E_WRONGTYPE, 0, 0);
+    }
+    RM_CloseKey(key);
+    G.dma_gets++;
+    if (!b) { /* the empty string: nothing to write */
+        if (a.dma == DMA_REPLY_LEN) return RM_ReplyWithLongLong(ctx, 0);
+        RM_ReplyWithArray(ctx, 2);
+        RM_ReplyWithLongLong(ctx, 0);
+        return RM_ReplyWithLongLong(ctx, 0);
+    }
+    return start_xfer(ctx, UPSTREAM, KIND_GET, s, b, b->len, &a);
+}
+
+/* The reply of a DMA.SET or DMA.GET transfer. */
+static int dma_xfer_reply(RMCtx *ctx, RMString **argv, xfer_result *r) {
+    if (r->status == LMCV_XFER_TIMEDOUT) return reply_err(ctx, UPSTREAM, E_TIMEOUT, r->timeout_ms, r->inflight);
+    if (r->status == LMCV_XFER_SHUTDOWN) return reply_err(ctx, UPSTREAM, E_BUSY, 0, 0);
+    if (r->status != LMCV_XFER_OK)
+        return reply_err_s(ctx, UPSTREAM, r->kind == KIND_SET ? E_XFER_READ : E_XFER_WRITE, r->errmsg);
+    if (r->kind == KIND_SET) {
+        /* xfer_free drops the arena copy in every case */
+        if (r->has_crc && r->crc != r->want_crc) return reply_err(ctx, UPSTREAM, E_DMA_CRC, r->want_crc, r->crc);
+        dma_store_string(ctx, argv[5], blob_ptr(r->obj), (size_t)r->obj_len);
+        G.dma_copied_bytes += r->obj_len;
+        return RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
+    }
+    if (r->dma == DMA_REPLY_LEN) return RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
+    RM_ReplyWithArray(ctx, 2);
+    RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
+    return RM_ReplyWithLongLong(ctx, (long long)r->crc);
+}
+
+/* DMA.INFO: the fabric as Momento's module describes it, one "field: value" line each. */
+static int cmd_dma_info(RMCtx *ctx, RMString **argv, int argc) {
+    (void)argv;
+    if (argc != 1) return RM_WrongArity(ctx);
+    if (!G.fabric) return reply_err(ctx, UPSTREAM, E_NOFABRIC, 0, 0);
+    lmcv_fabric_desc d;
+    lmcv_fabric_describe(G.fabric, &d);
+    static const char *const mr_names[] = {"LOCAL", "VIRT_ADDR", "ALLOCATED", "PROV_KEY", "ENDPOINT", "HMEM"};
+    static const char *const cap_names[] = {"MSG", "RMA", "READ", "WRITE", "REMOTE_READ", "REMOTE_WRITE"};
+    char mr[160], caps[160], line[256];
+    mr[0] = caps[0] = 0;
+    for (unsigned i = 0; i < 6; i++) {
+        if (d.mr_flags & (1u << i)) snprintf(mr + strlen(mr), sizeof(mr) - strlen(mr), "%s%s", mr[0] ? "|" : "", mr_names[i]);
+        if (d.cap_flags & (1u << i)) snprintf(caps + strlen(caps), sizeof(caps) - strlen(caps), "%s%s", caps[0] ? "|" : "", cap_names[i]);
+    }
+    RM_ReplyWithArray(ctx, 6);
+    snprintf(line, sizeof(line), "provider: %s", lmcv_fabric_provider(G.fabric));
+    RM_ReplyWithSimpleString(ctx, line);
+    snprintf(line, sizeof(line), "addr_format: %u", d.addr_format);
+    RM_ReplyWithSimpleString(ctx, line);
+    snprintf(line, sizeof(line), "mr_mode: 0x%llx [%s]", (unsigned long long)d.mr_mode, mr);
+    RM_ReplyWithSimpleString(ctx, line);
+    snprintf(line, sizeof(line), "caps: 0x%llx [%s]", (unsigned long long)d.caps, caps);
+    RM_ReplyWithSimpleString(ctx, line);
+    RM_ReplyWithSimpleString(ctx, d.requires_local_mr ? "requires_local_mr: true" : "requires_local_mr: false");
+    return RM_ReplyWithSimpleString(ctx, d.virt_addr ? "uses_virtual_addressing: true" : "uses_virtual_addressing: false");
+}
+
 /* BLOB.INFO key [LEN | CRC | TIER]: all fields as a flat name/value array, or one value. */
 static int cmd_info(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 2 && argc != 3) return RM_WrongArity(ctx);
@@ -932,6 +1148,9 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldULongLong(ctx, "evicted", G.evicted);
     RM_InfoAddFieldULongLong(ctx, "propagate", (unsigned long long)G.propagate);
     RM_InfoAddFieldULongLong(ctx, "propagated", G.propagated); /* values sent to replicas/AOF */
+    RM_InfoAddFieldULongLong(ctx, "dma_sets", G.dma_sets);
+    RM_InfoAddFieldULongLong(ctx, "dma_gets", G.dma_gets);
+    RM_InfoAddFieldULongLong(ctx, "dma_copied_bytes", G.dma_copied_bytes); /* strings <-> arena */
     RM_InfoAddFieldULongLong(ctx, "xfers_ok", st.xfers_ok);
     RM_InfoAddFieldULongLong(ctx, "xfers_failed", st.xfers_failed);
     RM_InfoAddFieldULongLong(ctx, "xfers_timedout", st.xfers_timedout);
@@ -952,7 +1171,7 @@ typedef struct {
     const char *name;
     RMCmdFunc fn;
     const char *flags;
-    int has_key;
+    int has_key; /* 0, or the position of the one key argument */
     uint64_t key_flags;
     int arity;
     const char *acl;
@@ -976,6 +1195,16 @@ static const command_def COMMANDS[] = {
      "Length, CRC32C and tier of a large object"},
     {LMCV_CMD_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
      "Extension: completes RDMA_HELLO PROOF; the server reads its nonce back from the claimed address"},
+    {LMCV_CMD_DMA_HELLO, cmd_dma_hello, "fast", 0, 0, -1, LMCV_ACL_CATEGORY " connection",
+     "Momento's DMA dialect: the server's fabric addresses (with arguments: an RDMA session, as BLOB.RDMA_HELLO)"},
+    {LMCV_CMD_DMA_SET, cmd_dma_set, "write deny-oom", 5, OW_UPDATE, -6, LMCV_ACL_CATEGORY,
+     "Momento's DMA dialect: stores a string read by the server from client memory with RDMA"},
+    {LMCV_CMD_DMA_GET, cmd_dma_get, "readonly", 5, RO_ACCESS, -6, LMCV_ACL_CATEGORY,
+     "Momento's DMA dialect: writes a string into client memory with RDMA"},
+    {LMCV_CMD_DMA_INFO, cmd_dma_info, "readonly fast", 0, 0, 1, LMCV_ACL_CATEGORY,
+     "Momento's DMA dialect: what the fabric provider was opened with"},
+    {LMCV_CMD_DMA_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
+     "Extension: completes DMA.HELLO PROOF, as BLOB.RDMA_PROVE"},
     {LMCV_CMD_LEGACY_HELLO, cmd_legacy_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
      "Deprecated name of BLOB.RDMA_HELLO"},
     {LMCV_CMD_LEGACY_SET, cmd_legacy_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY,
@@ -999,7 +1228,7 @@ static int create_commands(RMCtx *ctx) {
     for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
         const command_def *d = &COMMANDS[i];
         int k = d->has_key;
-        if (RM_CreateCommand(ctx, d->name, d->fn, d->flags, k, k, k) != RM_OK) return RM_ERR;
+        if (RM_CreateCommand(ctx, d->name, d->fn, d->flags, k, k, k ? 1 : 0) != RM_OK) return RM_ERR;
         RMCommand *cmd = RM_GetCommand ? RM_GetCommand(ctx, d->name) : NULL;
         if (!cmd) continue;
         if (RM_SetCommandInfo) {
@@ -1007,7 +1236,7 @@ static int create_commands(RMCtx *ctx) {
             memset(specs, 0, sizeof(specs));
             specs[0].flags = d->key_flags;
             specs[0].begin_search_type = RM_KSPEC_BS_INDEX;
-            specs[0].bs.index.pos = 1;
+            specs[0].bs.index.pos = k;
             specs[0].find_keys_type = RM_KSPEC_FK_RANGE;
             specs[0].fk.range.lastkey = 0;
             specs[0].fk.range.keystep = 1;

@@ -17,6 +17,7 @@
 #define RM_WRITE (1 << 1)
 #define RM_NO_EXPIRE (-1)
 #define RM_KEYTYPE_EMPTY 0
+#define RM_KEYTYPE_STRING 1
 #define RM_KEYTYPE_MODULE 6
 #define RM_TYPE_METHOD_VERSION 1
 #define RM_LOG_WARNING "warning"
@@ -188,7 +189,9 @@ typedef struct RMServerInfoData RMServerInfoData;
     X(int, Replicate, (RMCtx *, const char *, const char *, ...))                              \
     X(RMServerInfoData *, GetServerInfo, (RMCtx *, const char *))                              \
     X(void, FreeServerInfo, (RMCtx *, RMServerInfoData *))                                     \
-    X(unsigned long long, ServerInfoGetFieldUnsigned, (RMServerInfoData *, const char *, int *))
+    X(unsigned long long, ServerInfoGetFieldUnsigned, (RMServerInfoData *, const char *, int *))       \
+    X(int, StringSet, (RMKey *, RMString *))                                                   \
+    X(char *, StringDMA, (RMKey *, size_t *, int))
 
 /* Entry points some supported servers lack (Redis 7.0 has no ACL categories for modules):
  * NULL when absent, and the caller degrades as documented where it is used. */

@@ -14,7 +14,9 @@ lmcv_session *lmcv_session_find(unsigned long long client_id) {
     return NULL;
 }
 
-lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer) {
+lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer, const unsigned char *addr,
+                               size_t addr_len) {
+    if (addr_len > LMCV_MAX_ADDR) return NULL;
     if (count == cap) {
         size_t ncap = cap ? cap * 2 : 16;
         lmcv_session *t = realloc(table, ncap * sizeof(*t));
@@ -26,6 +28,8 @@ lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer) {
     memset(s, 0, sizeof(*s));
     s->client_id = client_id;
     s->peer = peer;
+    memcpy(s->addr, addr, addr_len);
+    s->addr_len = addr_len;
     s->state = LMCV_SESSION_ACTIVE;
     return s;
 }

@@ -12,6 +12,7 @@
 
 #define LMCV_NONCE_BYTES 16
 #define LMCV_MAX_REGIONS 32
+#define LMCV_MAX_ADDR 512 /* bytes of a peer's fabric address */
 
 /* ACTIVE: transfers allowed. PENDING: HELLO ... PROOF answered, waiting for PROVE.
  * PROVING: the nonce is being read back. FAILED: the proof failed; nothing more allowed. */
@@ -24,6 +25,10 @@ typedef struct {
 typedef struct {
     unsigned long long client_id;
     uint64_t peer;
+    /* The fabric address the session was opened for: a DMA.* command names it again, and
+     * must name this one (one connection, one peer). */
+    unsigned char addr[LMCV_MAX_ADDR];
+    size_t addr_len;
     int state;
     unsigned char nonce[LMCV_NONCE_BYTES];
     int nregions; /* 0: none declared: no triple goes, unless unconfined */
@@ -36,7 +41,8 @@ typedef struct {
 lmcv_session *lmcv_session_find(unsigned long long client_id);
 /* A new session (state ACTIVE, no regions); NULL when out of memory. The pointer is valid
  * until the next add or remove. */
-lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer);
+lmcv_session *lmcv_session_add(unsigned long long client_id, uint64_t peer, const unsigned char *addr,
+                               size_t addr_len);
 void lmcv_session_remove(lmcv_session *s);
 size_t lmcv_session_count(void);
 /* 1 when every segment lies inside one declared region with its key (or the session is

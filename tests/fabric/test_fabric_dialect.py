@@ -7,6 +7,7 @@ from pathlib import Path
 from lmcache_valkey.errors import FabricUnavailable, OutOfMemory, ServerError
 from lmcache_valkey.transport.fabric import commands
 from lmcache_valkey.transport.fabric.errors import (
+    ChecksumRefused,
     NoFabricSession,
     OutsideRegions,
     PeerNotProven,
@@ -55,7 +56,8 @@ EXPECTED = {
     "NOHELLO": NoFabricSession, "NOFABRIC": FabricUnavailable, "WINDOW": WindowTooSmall,
     "XFER_WRITE": TransferFailed, "XFER_READ": TransferFailed, "TIMEOUT": ServerDeadline,
     "NOSPACE": (OutOfMemory, ServerError), "PROOF_REQUIRED": PeerNotProven, "NOT_PROVEN": PeerNotProven,
-    "PROOF_WRONG": PeerNotProven, "OUTSIDE_REGIONS": OutsideRegions,
+    "PROOF_WRONG": PeerNotProven, "OUTSIDE_REGIONS": OutsideRegions, "CRC": ChecksumRefused,
+    "DMA_CRC": ChecksumRefused, "DMA_CAPACITY": WindowTooSmall, "DMA_ADDR": PeerNotProven,
 }
 
 

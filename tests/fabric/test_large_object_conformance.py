@@ -18,55 +18,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 import google_crc32c
 
-from lmcache_valkey.errors import ServerError
 from lmcache_valkey.transport.fabric import FabricEndpoint
 from lmcache_valkey.transport.resp.cluster import key_slot
-from lmcache_valkey.transport.resp.parser import ReplyParser, encode_command
+from support.rawresp import Conn, is_error
 from support.servers import DEBIAN_VALKEY, ValkeyCluster, ValkeyServer, make_tls_files
 
 PROVIDER = "tcp;ofi_rxm"  # valkey-large-object's "Emulated" provider is libfabric over TCP
 KiB = 1 << 10
-
-
-# -- a minimal RESP connection (TLS optional) ------------------------------------------------
-
-class Conn:
-    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
-        sock = socket.create_connection((host, port), timeout=30)
-        self.sock = tls.wrap_socket(sock, server_hostname="localhost") if tls else sock
-        self._out: list[Any] = []
-        self._parser = ReplyParser(self._out.append)
-
-    def __call__(self, *args: Any) -> Any:
-        self._parser.push_sink(None, 64 << 20)  # any reply up to 64 MiB
-        self.sock.sendall(encode_command(args))
-        while not self._out:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("server closed the connection")
-            self._parser.feed(data)
-        return self._out.pop(0)
-
-    def ok(self, *args: Any) -> Any:
-        r = self(*args)
-        if isinstance(r, ServerError):
-            raise r
-        return r
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def is_error(reply: Any, *starts: str) -> bool:
-    return isinstance(reply, ServerError) and (not starts or reply.message.startswith(starts))
 
 
 @dataclass

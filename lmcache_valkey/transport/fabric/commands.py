@@ -199,6 +199,7 @@ _UPSTREAM_ERRORS: tuple[tuple[str, type[LmcacheValkeyError]], ...] = (
     ("ERR RDMA write failed", TransferFailed),
     ("ERR RDMA read failed", TransferFailed),
     ("ERR client address space smaller than object length", WindowTooSmall),
+    ("ERR value of ", WindowTooSmall),  # Momento's DMA.GET: "... exceeds the client buffer of N bytes"
     ("ERR RDMA provider unavailable", FabricUnavailable),
     ("ERR payload CRC32C does not match", ChecksumRefused),  # our module's words for it
     ("ERR checksum mismatch", ChecksumRefused),  # Momento's module (large-object 0.1.0 publishes none)
