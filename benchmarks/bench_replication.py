@@ -8,7 +8,8 @@ Measured in one run, rounds interleaved, medians reported, on the same Valkey 9.
   replica  the same primary with one replica attached (over loopback, one more process);
   aof      a primary with ``appendonly yes`` and ``appendfsync everysec`` (Valkey's default);
 
-for fabric SET (server fi_read, then propagation) and, as the anchor, plain RESP SET of the same
+for fabric SET (server fi_read, then propagation; ``--dialect dma``: Momento's DMA.SET, whose value
+becomes a string and replicates as SET) and, as the anchor, plain RESP SET of the same
 value with valkey-py on the same servers (what Valkey itself pays to replicate a SET).
 
     .venv/bin/python benchmarks/bench_replication.py [--sizes 4,32] [--seconds 1] [--rounds 3]
@@ -78,8 +79,8 @@ def caught_up(primary: Valkey, replica: Valkey) -> None:
     raise RuntimeError("replica never caught up")
 
 
-async def fabric_set(port: int, value: bytes, seconds: float) -> float:
-    async with FabricTransport("127.0.0.1", port, provider=PROVIDER) as t:
+async def fabric_set(port: int, value: bytes, seconds: float, dialect: str) -> float:
+    async with FabricTransport("127.0.0.1", port, provider=PROVIDER, dialect=dialect) as t:
         src = bytearray(value)
         t.register_buffer(src)
         await t.set_from(b"bench", [memoryview(src)], None, 30)  # warm-up: connection and HELLO
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="4,32", help="MiB, comma-separated")
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--dialect", default="large-object", choices=("large-object", "dma"),
+                    help="the fabric SET's commands: BLOB.RDMA_SET, or Momento's DMA.SET (values as strings)")
     args = ap.parse_args()
     sizes = [int(s) * MiB for s in args.sizes.split(",")]
     arena = 4 * max(sizes) // MiB + 64
@@ -129,7 +132,8 @@ def main() -> None:
                 samples: dict[str, list[float]] = {f"{p}-{k}": [] for p in ("fab", "resp") for k in targets}
                 for _ in range(args.rounds):
                     for name, server in targets.items():
-                        samples[f"fab-{name}"].append(asyncio.run(fabric_set(server.port, value, args.seconds)))
+                        samples[f"fab-{name}"].append(asyncio.run(fabric_set(server.port, value, args.seconds,
+                                                                             args.dialect)))
                         samples[f"resp-{name}"].append(resp_set(server, value, args.seconds))
                         if server is primary:
                             caught_up(primary, replica)  # the next round starts with an idle stream
@@ -140,7 +144,8 @@ def main() -> None:
             for s in servers:
                 s.stop()
     gb = 1e9
-    print(f"provider={PROVIDER}  medians of {args.rounds} interleaved rounds, SET GB/s (one value at a time)")
+    print(f"provider={PROVIDER} dialect={args.dialect}  medians of {args.rounds} interleaved rounds, SET GB/s "
+          "(one value at a time)")
     print(f"{'size':>6} {'fab alone':>10} {'fab +replica':>13} {'ratio':>6} {'fab +aof':>9} {'ratio':>6}"
           f" {'resp alone':>11} {'resp +replica':>14} {'ratio':>6} {'resp +aof':>10} {'ratio':>6}")
     for size, m in rows:

@@ -41,6 +41,9 @@ CLUSTER = ("cluster|slots", "asking")
 # a server without our PX option). They delete with UNLINK, as WORKER.
 FABRIC = ("blob.rdma_hello", "blob.rdma_prove", "blob.rdma_set", "blob.rdma_get", "blob.tcp_set", "blob.tcp_get",
           "blob.info", "pexpire")
+# ... with ``fabric_dialect: dma`` (docs/fabric-dma-dialect.md): Momento's commands (our
+# DMA.PROVE only where the module has it) and PEXPIRE; its bulk path is WORKER's GET/SET.
+FABRIC_DMA = ("dma.hello", "dma.prove", "dma.set", "dma.get", "pexpire")
 
 # What the chart's Valkey exporter sidecar (redis_exporter) needs: INFO ALL for every series it
 # exports, CLIENT SETNAME, LATENCY LATEST, SLOWLOG LEN; CLUSTER INFO in a cluster. No key (it may not
@@ -60,9 +63,10 @@ def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[st
     return f"user {user} on >{password} resetkeys resetchannels ~{prefix}:{tenant}:* -@all {allow}"
 
 
-def worker_commands(*, cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0) -> tuple[str, ...]:
-    return (WORKER + (WORKER_TIERING if tiering else ()) + (FABRIC if fabric else ()) + (CLUSTER if cluster else ())
-            + (("select",) if db else ()))
+def worker_commands(*, cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0,
+                    fabric_dialect: str = "large-object") -> tuple[str, ...]:
+    fab = (FABRIC_DMA if fabric_dialect == "dma" else FABRIC) if fabric else ()
+    return WORKER + (WORKER_TIERING if tiering else ()) + fab + (CLUSTER if cluster else ()) + (("select",) if db else ())
 
 
 def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
@@ -70,11 +74,12 @@ def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
 
 
 def worker_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
-                cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0) -> str:
+                cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0,
+                fabric_dialect: str = "large-object") -> str:
     """The ACL file line for a tenant's workers (``tiering``: with a tierd to talk to;
-    ``fabric``: with the RMA transport)."""
+    ``fabric``: with the RMA transport, in ``fabric_dialect``)."""
     return _line(user, password, prefix, tenant,
-                 worker_commands(cluster=cluster, tiering=tiering, fabric=fabric, db=db))
+                 worker_commands(cluster=cluster, tiering=tiering, fabric=fabric, db=db, fabric_dialect=fabric_dialect))
 
 
 def tierd_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",

@@ -59,6 +59,12 @@ class FabricSettings:
     provider: str = ""  # "" = choose per environment (efa if present, else tcp;ofi_rxm)
     bind_addr: str = ""  # "" = the address used to reach Valkey
     scratch_bytes: int = 1 << 20
+    # The server module's command set: valkey-large-object's BLOB.* (our module's own), or
+    # Momento's DMA.* (values are plain strings, shared with RESP workers).
+    dialect: str = "large-object"
+    # Registered memory a one-region dialect (dma) moves whole values through when they are
+    # not one registered range (the store's header before LMCache's payload).
+    bounce_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -375,7 +381,8 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "require_tenant_secret": ("require_tenant_secret", parse_bool),
 }
 _TLS_KEYS = {"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify", "tls_server_name", "tls"}
-_FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes"}
+_FABRIC_KEYS = {"fabric_provider", "fabric_bind_addr", "fabric_scratch_bytes", "fabric_dialect", "fabric_bounce_bytes"}
+FABRIC_DIALECTS = ("large-object", "dma")
 KNOWN_KEYS = frozenset(_SIMPLE) | _TLS_KEYS | _FABRIC_KEYS | {"url", "password_file", "tenant_secret", "tenant_secret_file"}
 TENANT_SECRET_MIN = 16  # bytes (e.g. `openssl rand -hex 32` gives 64)
 TENANT_SECRET_MAX = 4096
@@ -488,6 +495,8 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
             provider=parse_str("fabric_provider", merged.get("fabric_provider", "")),
             bind_addr=parse_str("fabric_bind_addr", merged.get("fabric_bind_addr", "")),
             scratch_bytes=parse_size("fabric_scratch_bytes", merged.get("fabric_scratch_bytes", 1 << 20)),
+            dialect=parse_choice("fabric_dialect", merged.get("fabric_dialect", "large-object"), FABRIC_DIALECTS),
+            bounce_bytes=parse_size("fabric_bounce_bytes", merged.get("fabric_bounce_bytes", 64 << 20)),
         )
     if any(n.path for n in values.get("nodes", ())) and values.get("cluster") == "yes":
         raise ConfigError("cluster", "'no' or 'auto' with a unix:// url", "yes")

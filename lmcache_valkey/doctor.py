@@ -207,7 +207,7 @@ class Doctor:
         # BLOB.* where no module is loaded would make ACL SETUSER refuse the whole line.
         fabric = s.transport in ("fabric", "blob-tcp") or (s.transport == "auto" and self._module_loaded)
         return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
-                               tiering=True, fabric=fabric, db=s.db)
+                               tiering=True, fabric=fabric, db=s.db, fabric_dialect=s.fabric.dialect)
 
     def _is_cluster(self) -> bool:
         return bool(getattr(self._client, "is_cluster", False))
@@ -279,7 +279,7 @@ class Doctor:
                      "set tenant_secret_file (the same secret in every worker of the tenant; `openssl rand -hex 32`)")
 
     async def _modules(self) -> None:
-        from .transport.fabric.commands import HELLO  # the dialect's names live there, pure Python
+        HELLO = self._dialect().hello_command
 
         t = self.settings.op_timeout_s
         wants = self.settings.transport in ("fabric", "auto")
@@ -300,7 +300,8 @@ class Doctor:
                 loaded = "unknown command" not in e.message.lower()
         self._module_loaded = loaded
         if loaded:
-            self.add("modules", OK, f"fabric endpoint answers {HELLO} (modules: {', '.join(names)})")
+            self.add("modules", OK, f"fabric endpoint answers {HELLO}{await self._which_module(names)} "
+                                    f"(modules: {', '.join(names)})")
         elif wants:
             status = FAIL if self.settings.transport == "fabric" else WARN
             self.add("modules", status, f"no fabric endpoint module loaded (modules: {', '.join(names) or 'none'})",
@@ -308,6 +309,27 @@ class Doctor:
                      "valkey.conf, or the chart's valkey.module.enabled), or set transport: tcp")
         else:
             self.add("modules", OK, f"transport tcp; modules: {', '.join(names) or 'none'}")
+
+    def _dialect(self) -> Any:
+        """The configured fabric dialect's names (pure Python: no libfabric needed)."""
+        from .transport.fabric import commands, dma
+
+        return dma.DMA if self.settings.fabric.dialect == dma.NAME else commands.LARGE_OBJECT
+
+    async def _which_module(self, names: list[str]) -> str:
+        """Which module serves the dialect, in words: by MODULE LIST, or where that is refused
+        (managed services), by its INFO section (valkey-large-object's ``INFO largeobj``)."""
+        for name, what in _KNOWN_MODULES.items():
+            if name in names:
+                return f": {what}"
+        for section, what in (("lmcvblob", _KNOWN_MODULES["lmcvblob"]), ("largeobj", _KNOWN_MODULES["largeobj"])):
+            try:
+                info = await self._info(section)
+            except (AuthError, ServerError):
+                return ""
+            if info:
+                return f": {what} (INFO {section})"
+        return ""
 
     async def _fabric_peers(self) -> None:
         """Which mode the fabric endpoint runs in (our module's argument ``require_proof``):
@@ -318,6 +340,8 @@ class Doctor:
             return
         from .transport.fabric import commands
 
+        hello = self._dialect().hello_command
+        family = hello.split(".", 1)[0]
         t = self.settings.op_timeout_s
         try:
             info = await self._info(commands.INFO_SECTION)
@@ -338,20 +362,20 @@ class Doctor:
             # A server that asks for no proof goes on to look at the (malformed) address; one
             # that requires it refuses first, without touching its address table.
             try:
-                await self._client.command(commands.HELLO, "00", timeout=t)
+                await self._client.command(hello, "00", timeout=t)
                 refusal = ""
             except AuthError as e:
                 return self._refused("fabric_peers", e)
             except ServerError as e:
                 refusal = e.message
             if refusal.startswith("NOPROOF"):
-                self.add("fabric_peers", OK, f"the fabric endpoint refuses {commands.HELLO} without an address proof "
+                self.add("fabric_peers", OK, f"the fabric endpoint refuses {hello} without an address proof "
                                              "(require_proof yes, the default)")
             else:
-                self.add("fabric_peers", WARN, f"the fabric endpoint takes {commands.HELLO} without an address proof "
-                         "(an upstream large-object module, or ours with require_proof no): any client allowed BLOB.* "
-                         "can claim another worker's fabric address, and only the secrecy of its remote keys keeps "
-                         "others out of its registered memory", fix)
+                self.add("fabric_peers", WARN, f"the fabric endpoint takes {hello} without an address proof "
+                         f"(an upstream {family}.* module, or ours with require_proof no): any client allowed "
+                         f"{family}.* can claim another worker's fabric address, and only the secrecy of its remote "
+                         "keys keeps others out of its registered memory", fix)
 
     async def _fabric(self) -> None:
         if self.settings.transport in ("tcp", "blob-tcp"):
@@ -443,14 +467,18 @@ class Doctor:
         provider = one.endpoint.provider if one.endpoint is not None else "?"
         where = f"{len(nodes)} cluster primaries" if nodes else "one node"
         tls = ", TLS control connections" if self.settings.tls is not None else ""
-        detail = (f"fabric: valkey-large-object dialect (BLOB.RDMA_*), provider {provider}, {where}{tls}; chosen "
-                  f"because the server answered BLOB.RDMA_HELLO and the provider opened")
+        d = self._dialect()
+        family = d.hello_command.split(".", 1)[0]
+        words = ("valkey-large-object dialect (BLOB.RDMA_*)" if family == "BLOB" else
+                 "Momento's DMA dialect (DMA.SET/DMA.GET, values as strings)")
+        detail = (f"fabric: {words}, provider {provider}, {where}{tls}; chosen "
+                  f"because the server answered {d.hello_command} and the provider opened")
         if t.peer_proof:
             self.add("transport", OK, detail + "; extensions on: each session proved its fabric address, "
                                                "transfers confined to declared regions")
         else:
             self.add("transport", WARN, detail + "; the server has none of our extensions (upstream module or "
-                     "extensions no): any client allowed BLOB.* can claim this worker's fabric address, so only "
+                     f"extensions no): any client allowed {family}.* can claim this worker's fabric address, so only "
                      "the secrecy of its remote keys keeps others out of its registered memory",
                      "with our module set require_proof yes; otherwise keep tenants off MONITOR/SLOWLOG/CLIENT and "
                      "confine the fabric network (docs/security.md, Server module and fabric peers)")
@@ -630,6 +658,14 @@ def _accepts_o_direct(directory: str) -> bool:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+# Modules that serve a fabric dialect, by the name MODULE LIST gives them.
+_KNOWN_MODULES = {
+    "lmcvblob": "lmcache-valkey's reference module (BLOB.* and DMA.*)",
+    "largeobj": "valkey-large-object (BLOB.*; docs/large-object-conformance.md)",
+    "valkey-dma": "Momento's DMA module (DMA.*; docs/fabric-dma-dialect.md)",
+}
 
 
 def _module_names(reply: Any) -> list[str]:

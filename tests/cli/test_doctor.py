@@ -264,3 +264,22 @@ def test_a_tenant_without_a_key_secret_fails_and_its_explicit_opt_out_is_warned(
                    "  remote_storage_plugin.valkey.tenant: team-a\n")
     _, checks = _as_user(valkey_server, tmp_path, "team-a", "--config", str(cfg))
     assert checks["secret"]["status"] == "ok"
+
+
+def test_a_dma_dialect_worker_is_checked_in_its_own_dialect(tmp_path):
+    """fabric_dialect: dma -- the doctor asks DMA.HELLO, names the module that answers, and
+    reports the peer mode and the transport in Momento's terms."""
+    cfg = tmp_path / "lmcache.yaml"
+    with _module_server() as s:
+        cfg.write_text("chunk_size: 256\nextra_config:\n"
+                       f"  remote_storage_plugin.valkey.url: {s.url}\n"
+                       "  remote_storage_plugin.valkey.transport: fabric\n"
+                       "  remote_storage_plugin.valkey.fabric_dialect: dma\n"
+                       "  remote_storage_plugin.valkey.fabric_provider: tcp;ofi_rxm\n"
+                       "  remote_storage_plugin.valkey.fabric_bind_addr: 127.0.0.1\n")
+        code, checks = doctor("--config", str(cfg))
+    assert checks["modules"]["status"] == "ok" and "DMA.HELLO" in checks["modules"]["detail"], checks
+    assert "reference module" in checks["modules"]["detail"]
+    assert checks["fabric_peers"]["status"] == "ok", checks
+    t = checks["transport"]
+    assert t["status"] == "ok" and "Momento's DMA dialect" in t["detail"] and "proved" in t["detail"], t

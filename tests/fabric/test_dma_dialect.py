@@ -220,3 +220,30 @@ def test_dma_set_reaches_a_replica(start_server):
         assert replica.client().get(b"k") == value
     finally:
         client.close()
+
+
+def test_the_worker_acl_line_confines_dma_commands_to_the_tenants_keys(start_server):
+    # DMA.SET/DMA.GET name their key fifth: the module declares it there, so the line's key
+    # pattern applies to it exactly as to GET/SET.
+    from lmcache_valkey import acl
+
+    srv = start_server(PROVIDER, extra=("require_proof", "no"))
+    admin = srv.client()
+    line = acl.worker_line("w1", "t1", password="pw1", fabric=True, fabric_dialect="dma")
+    admin.execute_command("ACL", "SETUSER", *line.split()[1:])
+    admin.set(b"lmcv:t2:chunk", b"theirs")
+    client = Client(srv.port)
+    try:
+        c = client.conn()
+        c.ok("AUTH", "w1", "pw1")
+        client.hello(c)
+        k, a = client.mr.key, client.at(0)
+        client.mem[:4] = b"mine"
+        assert c.ok("DMA.SET", client.addr, k, a, 4, b"lmcv:t1:chunk") == 4
+        assert c.ok("GET", b"lmcv:t1:chunk") == b"mine"
+        assert is_error(c("DMA.SET", client.addr, k, a, 4, b"lmcv:t2:chunk"), "NOPERM")
+        assert is_error(c("DMA.GET", client.addr, k, client.at(64), 64, b"lmcv:t2:chunk"), "NOPERM")
+        assert client.mem[64:70] != b"theirs" and admin.get(b"lmcv:t2:chunk") == b"theirs"
+        assert is_error(c("DMA.INFO"), "NOPERM")  # not on the worker's line
+    finally:
+        client.close()

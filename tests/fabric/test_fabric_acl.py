@@ -12,7 +12,7 @@ import valkey
 
 from lmcache_valkey import acl
 from lmcache_valkey.errors import ServerError
-from lmcache_valkey.transport.fabric import FabricTransport, commands
+from lmcache_valkey.transport.fabric import FabricTransport, commands, dma
 
 MiB = 1 << 20
 
@@ -89,11 +89,17 @@ def test_every_command_is_in_the_category_and_hello_has_no_key(start_server):
     srv = start_server("none")
     admin = srv.client()
     listed = {c.decode().upper() for c in admin.execute_command("ACL", "CAT", commands.ACL_CATEGORY)}
-    assert listed == {c.upper() for c in (*commands.ALL, *commands.LEGACY)}
-    info = {name.upper(): v for name, v in admin.execute_command("COMMAND", "INFO", *commands.ALL).items()}
+    assert listed == {c.upper() for c in (*commands.ALL, *commands.LEGACY, *dma.ALL)}
+    info = {name.upper(): v for name, v in admin.execute_command("COMMAND", "INFO", *commands.ALL, *dma.ALL).items()}
     assert info[commands.HELLO]["first_key_pos"] == 0 and not info[commands.HELLO]["key_specifications"]
     access = {commands.RDMA_GET: [b"RO", b"access"], commands.TCP_GET: [b"RO", b"access"], commands.INFO: [b"RO"],
               commands.RDMA_SET: [b"OW", b"update"], commands.TCP_SET: [b"OW", b"update"]}
     for name, flags in access.items():
         assert info[name]["first_key_pos"] == 1
         assert info[name]["key_specifications"][0][1] == flags, name
+    # Momento's commands name their key fifth (after the address, rkey, remote address, length).
+    for name, flags in {dma.GET: [b"RO", b"access"], dma.SET: [b"OW", b"update"]}.items():
+        assert info[name]["first_key_pos"] == 5 and info[name]["last_key_pos"] == 5
+        assert info[name]["key_specifications"][0][1] == flags, name
+    for name in (dma.HELLO, dma.INFO, dma.PROVE):
+        assert info[name]["first_key_pos"] == 0 and not info[name]["key_specifications"], name

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from lmcache_valkey.errors import FabricUnavailable, LmcacheValkeyError, ProtocolError, server_error
 
-from ..resp.parser import describe
+from ..resp.parser import SimpleString, describe
 from .errors import (
     ChecksumRefused,
     NoFabricSession,
@@ -165,14 +165,14 @@ def _name(k: object) -> str | None:
     return k.upper() if isinstance(k, str) else None
 
 
-def parse_get_reply(reply: object) -> tuple[int, int] | None:
+def parse_get_reply(reply: object, command: str = RDMA_GET) -> tuple[int, int] | None:
     """``[obj_len, crc32c]`` -> (obj_len, crc); nil -> None (miss). Anything else (a
     negative or absurd length, a CRC past 32 bits, a bulk, a status) is a :class:`ProtocolError`."""
     if reply is None:
         return None
     if isinstance(reply, list) and len(reply) == 2 and _value_len(reply[0]) and _crc(reply[1]):
         return reply[0], reply[1]
-    raise ProtocolError(f"unexpected {RDMA_GET} reply: {describe(reply)}")
+    raise ProtocolError(f"unexpected {command} reply: {describe(reply)}")
 
 
 def parse_info_reply(reply: object) -> tuple[int, int] | None:
@@ -227,3 +227,52 @@ def map_error(message: str) -> LmcacheValkeyError:
             if message.startswith(start):
                 return cls(message)
     return _CODES.get(code, server_error)(message)
+
+
+class LargeObjectDialect:
+    """The calls :class:`~.transport.FabricTransport` and :class:`~.link.FabricLink` make of a
+    dialect, for valkey-large-object's (the other one: :data:`.dma.DMA`)."""
+
+    name = "large-object"
+    hello_command = HELLO
+    one_region = False  # up to MAX_TRIPLES triples per command
+    data_type = "module"  # values are the module's type: TCP_GET, not GET, reads them
+
+    hello = staticmethod(hello)
+    parse_hello_reply = staticmethod(parse_hello_reply)
+    prove = staticmethod(prove)
+
+    def get_rma(self, key: bytes, triples: Sequence[Triple], timeout_ms: int, partial: bool, extensions: bool,
+                address: bytes) -> list[object]:
+        return get_rma(key, triples, timeout_ms, partial, extensions)
+
+    def parse_get_reply(self, reply: object) -> tuple[int, int] | None:
+        return parse_get_reply(reply)
+
+    def set_rma(self, key: bytes, total: int, triples: Sequence[Triple], ttl_ms: int | None, timeout_ms: int,
+                extensions: bool, crc: int | None, address: bytes) -> list[list[object]]:
+        """RDMA_SET; without our PX option the TTL follows in the same round trip."""
+        cmd = set_rma(key, total, triples, ttl_ms, timeout_ms, extensions, crc)
+        return [cmd, expire(key, ttl_ms)] if ttl_ms and not extensions else [cmd]
+
+    def check_set_reply(self, reply: object, total: int) -> None:
+        if not (isinstance(reply, SimpleString) and reply == b"OK"):
+            raise ProtocolError(f"unexpected {RDMA_SET} reply: {describe(reply)}")
+
+    def get_bulk(self, key: bytes) -> list[object]:
+        return get_bulk(key)
+
+    def set_bulk(self, key: bytes, value: bytes, ttl_ms: int | None) -> list[list[object]]:
+        # Plain connections have no HELLO to tell whether PX is taken: the TTL follows in the
+        # same round trip, which every server takes.
+        cmd = set_bulk(key, value, None, False)
+        return [cmd, expire(key, ttl_ms)] if ttl_ms else [cmd]
+
+    def info(self, key: bytes) -> list[list[object]]:
+        return [[INFO, key]]
+
+    def parse_info_reply(self, replies: object) -> tuple[int, int] | None:
+        return parse_info_reply(replies)
+
+
+LARGE_OBJECT = LargeObjectDialect()

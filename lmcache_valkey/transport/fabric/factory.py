@@ -64,6 +64,8 @@ async def open_fabric_transport(settings: Settings) -> FabricTransport | Cluster
             ssl_context=ssl_context,
             server_name=settings.tls.server_name if settings.tls is not None else None,
             max_reply_bytes=settings.max_chunk_bytes + HEADER_SIZE + CONTROL_SLACK,
+            dialect=settings.fabric.dialect,
+            bounce_bytes=settings.fabric.bounce_bytes if settings.fabric.dialect == "dma" else 0,
         )
 
     first = make(settings.nodes[0])

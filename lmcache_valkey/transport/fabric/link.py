@@ -9,8 +9,8 @@ server promises to honour -- is what lets the transport give a buffer back after
 whose end it could not confirm (docs/fabric-buffer-ownership.md). The transport opens a new
 link (new address, new random keys) for the operations that follow.
 
-Knows nothing of keys or values; speaks the handshake of the BLOB.* dialect
-(docs/security.md, "Server module and fabric peers").
+Knows nothing of keys or values; speaks the handshake of its dialect (``BLOB.*`` or ``DMA.*``;
+docs/security.md, "Server module and fabric peers").
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lmcache_valkey.errors import ProtocolError
 from . import commands
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import UnregisteredBuffer
-from .scratch import ScratchPool
+from .scratch import BouncePool, ScratchPool
 from .sessions import ErrorReply, Send, SessionPool
 
 log = logging.getLogger(__name__)
@@ -74,26 +74,32 @@ class NoSlot(Exception):
 
 
 class Plan:
-    __slots__ = ("triples", "keep", "staged", "slots")
+    __slots__ = ("triples", "keep", "staged", "slots", "bounce")
 
     def __init__(self) -> None:
         self.triples: list[commands.Triple] = []
         self.keep: list[Any] = []  # the caller's views (and RawSpans), referenced until the transfer is over
         self.staged: list[tuple[memoryview, memoryview]] = []  # (caller's view, scratch slot)
         self.slots: list[int] = []
+        self.bounce: int | None = None  # offset of the bounce extent holding the whole value
 
 
 class FabricLink:
     def __init__(self, spec: EndpointSpec, ranges: Sequence[Range], conn_kwargs: dict[str, Any], max_conns: int,
-                 scratch_bytes: int, generation: int, reply_bound: int) -> None:
+                 scratch_bytes: int, generation: int, reply_bound: int, dialect: Any = commands.LARGE_OBJECT,
+                 bounce_bytes: int = 0) -> None:
         self.generation = generation
+        self.dialect = dialect
         self.endpoint = FabricEndpoint(spec.provider, spec.bind_addr, hmem=spec.hmem)
         self.scratch: ScratchPool | None = None
+        self.bounce: BouncePool | None = None
         try:
             for r in ranges:
                 self.register(r)
             if scratch_bytes > 0:
                 self.scratch = ScratchPool(self.endpoint, scratch_bytes)
+            if bounce_bytes > 0:
+                self.bounce = BouncePool(self.endpoint, bounce_bytes)
         except BaseException:  # e.g. RLIMIT_MEMLOCK: do not leak the endpoint's thread
             self.endpoint.close()
             raise
@@ -122,7 +128,37 @@ class FabricLink:
         """Maps buffers to (rkey, addr, len) triples. Registered buffers (and RawSpans) are
         used in place; a small unregistered one (the store's header) is staged through a
         scratch slot; anything else raises UnregisteredBuffer, or NoSlot when scratch is
-        exhausted."""
+        exhausted. A one-region dialect gets one triple: the buffers in place when they are
+        one registered range, else the whole value staged through the bounce area."""
+        plan = self._plan(bufs, writable)
+        if not self.dialect.one_region or (len(plan.triples) <= 1 and not plan.staged):
+            return plan
+        self.give_slots(plan)
+        return self._plan_bounce(bufs, writable)
+
+    def _plan_bounce(self, bufs: Sequence[Any], writable: bool) -> Plan:
+        if has_raw_spans(bufs):
+            raise UnregisteredBuffer("a one-region dialect moves GPU memory (RawSpans) only as one registered span")
+        views = [v for v in (byte_view(b) for b in bufs) if len(v)]
+        total = sum(len(v) for v in views)
+        got = self.bounce.take(total) if self.bounce is not None else None
+        if got is None:
+            raise NoSlot()
+        plan = Plan()
+        plan.bounce, target = got
+        at = 0
+        for v in views:
+            piece = target[at : at + len(v)]
+            if not writable:
+                piece[:] = v
+            plan.staged.append((v, piece))
+            plan.keep.append(v)
+            at += len(v)
+        addr, _ = self.endpoint.address_of(target)
+        plan.triples.append((self.bounce.region.key, self.bounce.region.remote_addr(addr), total))
+        return plan
+
+    def _plan(self, bufs: Sequence[Any], writable: bool) -> Plan:
         ep = self.endpoint
         plan = Plan()
         try:
@@ -175,6 +211,9 @@ class FabricLink:
             for index in plan.slots:
                 self.scratch.give(index)
         plan.slots = []
+        if plan.bounce is not None and self.bounce is not None:
+            self.bounce.give(plan.bounce)
+        plan.bounce = None
 
     def _declared_regions(self) -> list[commands.Triple]:
         regions = self.endpoint.regions()
@@ -194,9 +233,10 @@ class FabricLink:
         registered scratch slot and the server reads it back from the address we claimed:
         proof that we own it) and the REGIONs this session may touch -- or, with a server
         that refuses them, the plain upstream HELLO."""
+        d = self.dialect
         if self.peer_proof is not False and self.scratch is not None:
             try:
-                reply = await send(commands.hello(self.endpoint.name, True, self._declared_regions()))
+                reply = await send(d.hello(self.endpoint.name, True, self._declared_regions()))
             except ErrorReply as exc:
                 if not exc.message.startswith("ERR"):
                     raise  # NOFABRIC, a refused address...: the server's answer stands
@@ -204,13 +244,17 @@ class FabricLink:
                          exc.message)
                 self.peer_proof = False
             else:
-                servers, nonce = commands.parse_hello_reply(reply, proof=True)
+                servers, nonce = d.parse_hello_reply(reply, proof=True)
                 self._add_peers(servers)
+                if nonce is None:  # a DMA server that ignores HELLO's arguments: no session, no proof
+                    log.info("fabric: the server ignores %s PROOF: no address proof", d.hello_command)
+                    self.peer_proof = False
+                    return
                 await self._prove(send, nonce)
                 self.peer_proof = True
                 return
-        reply = await send(commands.hello(self.endpoint.name))
-        servers, _ = commands.parse_hello_reply(reply, proof=False)
+        reply = await send(d.hello(self.endpoint.name))
+        servers, _ = d.parse_hello_reply(reply, proof=False)
         self._add_peers(servers)
         if self.peer_proof is None:
             self.peer_proof = False
@@ -224,7 +268,7 @@ class FabricLink:
         view[:] = nonce
         addr, _ = self.endpoint.address_of(view)
         try:
-            await send(commands.prove(self.scratch.region.key, self.scratch.region.remote_addr(addr)))
+            await send(self.dialect.prove(self.scratch.region.key, self.scratch.region.remote_addr(addr)))
         except ErrorReply:
             self.scratch.give(index)  # answered: the server's read is over
             raise

@@ -1,5 +1,5 @@
-"""A small registered scratch area for buffers that are not registered themselves (the
-store's chunk header), handed out in fixed slots.
+"""Registered areas for buffers that are not registered themselves: a small scratch in fixed
+slots (the store's chunk header), and a bounce area for whole values (one-region dialects).
 
 A slot goes back to the pool only when the transfer that used it is over (the
 transport's ``over`` hook), never when the caller gives up; with no slot free the caller
@@ -37,3 +37,49 @@ class ScratchPool:
     @property
     def free(self) -> int:
         return len(self._free)
+
+
+class BouncePool:
+    """A registered area that a value moves through whole when a dialect takes one region per
+    command (Momento's DMA dialect) and the value is not one registered range (the store's
+    header before LMCache's payload): extents of any size, first fit, merged when given back.
+    A value that finds no room takes the bulk path instead."""
+
+    def __init__(self, endpoint: FabricEndpoint, total_bytes: int) -> None:
+        self._mem = bytearray(total_bytes)
+        self.region: MemoryRegion = endpoint.register_buffer(self._mem)
+        self._view = memoryview(self._mem)
+        self._free: list[tuple[int, int]] = [(0, total_bytes)]  # (offset, length), by offset
+        self._sizes: dict[int, int] = {}  # offset of an extent handed out -> its length
+        self.exhausted = 0
+
+    def take(self, nbytes: int) -> tuple[int, memoryview] | None:
+        for i, (off, n) in enumerate(self._free):
+            if n >= nbytes:
+                if n == nbytes:
+                    del self._free[i]
+                else:
+                    self._free[i] = (off + nbytes, n - nbytes)
+                self._sizes[off] = nbytes
+                return off, self._view[off : off + nbytes]
+        self.exhausted += 1
+        return None
+
+    def give(self, off: int) -> None:
+        n = self._sizes.pop(off)
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < off:
+            i += 1
+        free.insert(i, (off, n))
+        # merge with the next extent, then with the previous one
+        if i + 1 < len(free) and off + n == free[i + 1][0]:
+            free[i] = (off, n + free[i + 1][1])
+            del free[i + 1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == off:
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free[i][1])
+            del free[i]
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(n for _, n in self._free)

@@ -39,6 +39,7 @@ from .. import read_window
 from ..resp.parser import SimpleString, describe
 from ..scan import scan_walk
 from . import commands
+from .dma import DMA
 from .endpoint import FabricEndpoint, MemoryRegion
 from .errors import NoFabricSession, OutsideRegions, ServerDeadline, TransferFailed, WindowTooSmall
 from .link import EndpointSpec, FabricLink, NoSlot, Range, byte_view, has_raw_spans
@@ -92,9 +93,13 @@ class FabricTransport:
         ssl_context: ssl.SSLContext | None = None,
         server_name: str | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        dialect: str = commands.LARGE_OBJECT.name,
+        bounce_bytes: int = 0,
     ) -> None:
         if data_path not in DATA_PATHS:
             raise ValueError(f"data_path must be one of {DATA_PATHS}, got {data_path!r}")
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {tuple(DIALECTS)}, got {dialect!r}")
         if connections < 1:
             raise ValueError("connections must be >= 1")
         self.data_path = data_path
@@ -102,6 +107,11 @@ class FabricTransport:
         self._verify_crc = verify_crc
         self._grace = drain_grace_s
         self._bulk_fallback = bulk_fallback
+        # The command set (docs/fabric-command-dialect.md, docs/fabric-dma-dialect.md); a
+        # one-region dialect moves a value that is not one registered range through
+        # ``bounce_bytes`` of registered memory (or, without room there, the bulk path).
+        self._dialect = DIALECTS[dialect]
+        self._bounce_bytes = bounce_bytes
         self._conn_kwargs = dict(
             host=host, port=port, db=db, username=username, password=password,
             socket_connect_timeout=connect_timeout, socket_timeout=None, lib_name=None, lib_version=None,
@@ -134,7 +144,7 @@ class FabricTransport:
     def _build_link(self, generation: int) -> FabricLink:
         """Opens an endpoint and registers every range on it (may run off the loop)."""
         return FabricLink(self._spec, list(self._ranges), self._conn_kwargs, self._max_conns, self._scratch_bytes,
-                          generation, self._reply_bound)
+                          generation, self._reply_bound, self._dialect, self._bounce_bytes)
 
     def _adopt(self, link: FabricLink) -> FabricLink:
         self._generation = link.generation
@@ -353,8 +363,8 @@ class FabricTransport:
                 try:
                     return await self._get_rma(key, bufs, timeout, rel, partial=False)
                 except WindowTooSmall:
-                    if not allow_partial or self.peer_proof is not True:
-                        raise  # PARTIAL is our extension: a server without it cannot fill a short window
+                    if not allow_partial or self.peer_proof is not True or self._dialect.one_region:
+                        raise  # PARTIAL is our BLOB.* extension: a server without it cannot fill a short window
                     # Our endpoint's PARTIAL extension: fill the window, report the full length.
                     self._stats["partial_retries"] += 1
                     return await self._get_rma(key, bufs, deadline - loop.time(), rel, partial=True)
@@ -393,12 +403,14 @@ class FabricTransport:
         rel.hold()
         try:
             # Our options only where the session's server took the extended HELLO.
-            reply = await self._call(lambda ms: commands.get_rma(key, plan.triples, ms, partial, link.peer_proof is True),
-                                     plan.keep, timeout, after=copy_out, over=over, link=link)
+            reply = await self._call(
+                lambda ms: self._dialect.get_rma(key, plan.triples, ms, partial, link.peer_proof is True,
+                                                 link.endpoint.name),
+                plan.keep, timeout, after=copy_out, over=over, link=link)
         except BaseException:
             wanted[0] = False
             raise
-        parsed = commands.parse_get_reply(reply)
+        parsed = self._dialect.parse_get_reply(reply)
         if parsed is None:
             return None
         obj_len, crc = parsed
@@ -452,10 +464,9 @@ class FabricTransport:
                 rel.drop()
 
             def args_for(ms: int) -> Any:
-                ext = link.peer_proof is True
-                cmd = commands.set_rma(key, total, plan.triples, ttl_ms, ms, ext, crc)
-                # Without our PX option the TTL follows in the same round trip.
-                return (_PIPELINE, [cmd, commands.expire(key, ttl_ms)]) if ttl_ms and not ext else cmd
+                cmds = self._dialect.set_rma(key, total, plan.triples, ttl_ms, ms, link.peer_proof is True, crc,
+                                             link.endpoint.name)
+                return cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)  # the TTL in the same round trip
 
             rel.hold()
             reply = await self._call(args_for, plan.keep, timeout, after=_first_reply, over=over, link=link)
@@ -468,7 +479,7 @@ class FabricTransport:
             log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
             self._fell_back("put")
             return await self._set_bulk(key, parts, ttl_ms, left)
-        _expect_ok(reply)
+        self._dialect.check_set_reply(reply, total)
 
     async def _fallback_get(self, key: bytes, bufs: Sequence[Any], deadline: float, why: str) -> int | None:
         left = deadline - asyncio.get_running_loop().time()
@@ -486,14 +497,9 @@ class FabricTransport:
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
         value = b"".join(bytes(byte_view(p)) for p in parts)
-        # Plain connections have no HELLO to tell whether PX is taken: the TTL follows in the
-        # same round trip, which every server takes.
-        cmd = commands.set_bulk(key, value, None, False)
-        if ttl_ms:
-            _expect_ok(await self._call(lambda ms: (_PIPELINE, [cmd, commands.expire(key, ttl_ms)]), None, timeout,
-                                        after=_first_reply))
-        else:
-            _expect_ok(await self._call(lambda ms: cmd, None, timeout))
+        cmds = self._dialect.set_bulk(key, value, ttl_ms)
+        args = cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)
+        _expect_ok(await self._call(lambda ms: args, None, timeout, after=_first_reply))
 
     # -- the store's ChunkTransport protocol ------------------------------------------------
 
@@ -565,8 +571,11 @@ class FabricTransport:
         return n
 
     async def info(self, key: bytes, timeout: float = 5.0) -> tuple[int, int] | None:
-        """(length, crc32c) of a stored value, or None."""
-        return commands.parse_info_reply(await self._call(lambda ms: [commands.INFO, key], None, timeout))
+        """(length, crc32c) of a stored value, or None. The DMA dialect's values are strings,
+        which carry no CRC: (length, None)."""
+        cmds = self._dialect.info(key)
+        args = cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)
+        return self._dialect.parse_info_reply(await self._call(lambda ms: args, None, timeout))
 
     async def control(self, *args: Any, timeout: float = 5.0) -> Any:
         """One command on a plain connection (no fabric session): topology, diagnostics."""
@@ -600,11 +609,12 @@ class FabricTransport:
         return len(self._tasks) + sum(len(link.parked) for link in self._links)
 
     async def _get_bulk(self, key: bytes, bufs: list[memoryview], timeout: float) -> int | None:
-        value = await self._call(lambda ms: commands.get_bulk(key), None, timeout)
+        cmd = self._dialect.get_bulk(key)
+        value = await self._call(lambda ms: cmd, None, timeout)
         if value is None:
             return None
         if type(value) is not bytes:  # a bulk string, not a status, number or array
-            raise ProtocolError(f"unexpected {commands.TCP_GET} reply: {describe(value)}")
+            raise ProtocolError(f"unexpected {cmd[0]} reply: {describe(value)}")
         scatter(value, [byte_view(b) for b in bufs])
         return len(value)
 
@@ -699,6 +709,7 @@ def _as_result(value: Any) -> Any:
 
 
 _PIPELINE = object()  # marks a pipelined batch of plain commands in ``_op``
+DIALECTS = {d.name: d for d in (commands.LARGE_OBJECT, DMA)}
 
 
 class _CurrentLink:
