@@ -130,7 +130,12 @@ class FabricLink:
         scratch slot; anything else raises UnregisteredBuffer, or NoSlot when scratch is
         exhausted. A one-region dialect gets one triple: the buffers in place when they are
         one registered range, else the whole value staged through the bounce area."""
-        plan = self._plan(bufs, writable)
+        try:
+            plan = self._plan(bufs, writable)
+        except NoSlot:  # no scratch slot for the header: the bounce area takes the whole value
+            if not self.dialect.one_region:
+                raise
+            return self._plan_bounce(bufs, writable)
         if not self.dialect.one_region or (len(plan.triples) <= 1 and not plan.staged):
             return plan
         self.give_slots(plan)
