@@ -560,11 +560,6 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     return RM_ReplyWithLongLong(ctx, (long long)r->crc);
 }
 
-static int xfer_timeout(RMCtx *ctx, RMString **argv, int argc) {
-    (void)argv; (void)argc; /* unused: we block without a server-side timeout */
-    return RM_ReplyWithError(ctx, ERROR_TEXT[E_BUSY][UPSTREAM]);
-}
-
 static void xfer_free(RMCtx *ctx, void *priv) {
     (void)ctx;
     xfer_result *r = priv;
@@ -598,7 +593,10 @@ static int start_xfer(RMCtx *ctx, dialect d, int kind, lmcv_session *s, blob *ob
     p->x.quiet = kind == KIND_PROVE;
     p->x.finished = xfer_finished;
     p->x.release = xfer_release;
-    p->bc = RM_BlockClient(ctx, xfer_reply, xfer_timeout, xfer_free, 0);
+    /* No timeout callback: the reply comes only from xfer_finished, once the fabric thread
+     * is done with the transfer. (With one, CLIENT UNBLOCK could end the block and answer
+     * the client while the server still writes into its buffer.) */
+    p->bc = RM_BlockClient(ctx, xfer_reply, NULL, xfer_free, 0);
     if (lmcv_fabric_submit(G.fabric, &p->x)) {
         p->x.finished(&p->x, LMCV_XFER_SHUTDOWN, 0);
         p->x.release(&p->x);
@@ -626,6 +624,12 @@ static int hex_nibble(char c) {
 /* Hides argument i (a remote key, an address or a proof) from SLOWLOG and MONITOR. */
 static void redact(RMCtx *ctx, int i) {
     if (RM_RedactClientCommandArgument) RM_RedactClientCommandArgument(ctx, i);
+}
+
+/* Hides arguments first..argc-1: a triple list the parser refused, whose keys and
+ * addresses are not known apart. */
+static void redact_from(RMCtx *ctx, int first, int argc) {
+    for (int i = first; i < argc; i++) redact(ctx, i);
 }
 
 /* 0, or the refusal: E_EMPTY_ADDR, E_BADHEX. */
@@ -815,7 +819,7 @@ static int cmd_rdma_set(RMCtx *ctx, RMString **argv, int argc) {
     }
     req_args a;
     error_id e = parse_tail(argv, argc, first, &a);
-    if (e != E_COUNT) return refuse(ctx, UPSTREAM, e);
+    if (e != E_COUNT) return redact_from(ctx, first, argc), refuse(ctx, UPSTREAM, e);
     if (!a.nsegs || a.partial) return refuse(ctx, UPSTREAM, E_TRIPLES);
     a.has_crc = has_crc;
     a.want_crc = (uint32_t)crc;
@@ -874,7 +878,7 @@ static int cmd_rdma_get(RMCtx *ctx, RMString **argv, int argc) {
     if (argc < 5) return RM_WrongArity(ctx);
     req_args a;
     error_id e = parse_tail(argv, argc, 2, &a);
-    if (e != E_COUNT) return refuse(ctx, UPSTREAM, e);
+    if (e != E_COUNT) return redact_from(ctx, 2, argc), refuse(ctx, UPSTREAM, e);
     if (!a.nsegs) return refuse(ctx, UPSTREAM, E_TRIPLES);
     return do_get(ctx, argv, UPSTREAM, &a);
 }
@@ -902,11 +906,10 @@ static int cmd_legacy_get(RMCtx *ctx, RMString **argv, int argc) {
  * require_proof yes it must be a session this connection opened and proved for that
  * address (DMA.HELLO <addr> PROOF, DMA.PROVE); with require_proof no, a connection without
  * one gets an unconfined session for the address it names, as Momento's module does. NULL
- * after replying the refusal. Redacts the address, the remote key and the remote address. */
+ * after replying the refusal. (The caller redacted the address and the region.) */
 static lmcv_session *dma_session(RMCtx *ctx, RMString **argv, req_args *a) {
     if (!G.fabric) { reply_err(ctx, UPSTREAM, E_NOFABRIC, 0, 0); return NULL; }
     if (cannot_block(ctx)) { refuse(ctx, UPSTREAM, E_CANTBLOCK); return NULL; }
-    for (int i = 1; i <= 3; i++) redact(ctx, i);
     unsigned char addr[LMCV_MAX_ADDR];
     size_t alen = 0;
     if (parse_hex(argv[1], addr, sizeof(addr), &alen) != E_COUNT) { refuse(ctx, UPSTREAM, E_DMA_HEX); return NULL; }
@@ -973,6 +976,7 @@ static int cmd_dma_hello(RMCtx *ctx, RMString **argv, int argc) {
 /* DMA.SET <addr hex> <rkey> <remote address> <length> <key> [<crc32c>] -> length */
 static int cmd_dma_set(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 6 && argc != 7) return RM_WrongArity(ctx);
+    for (int i = 1; i <= 3; i++) redact(ctx, i); /* address, rkey, remote address: refused or not */
     req_args a;
     if (dma_segment(ctx, argv, &a)) return RM_OK;
     uint64_t crc = 0;
@@ -992,7 +996,8 @@ static int cmd_dma_set(RMCtx *ctx, RMString **argv, int argc) {
         return RM_ReplyWithLongLong(ctx, 0);
     }
     if (total > lmcv_arena_size(G.arena)) { G.refused++; return reply_err(ctx, UPSTREAM, E_TOOLARGE, total, 0); }
-    blob *b = blob_new_evicting(ctx, total);
+    /* The arena only passes the bytes on to a string: never evict stored values for it. */
+    blob *b = blob_new(total);
     if (!b) { G.refused++; return reply_err(ctx, UPSTREAM, E_NOSPACE, total, 0); }
     G.dma_sets++;
     return start_xfer(ctx, UPSTREAM, KIND_SET, s, b, total, &a);
@@ -1002,6 +1007,7 @@ static int cmd_dma_set(RMCtx *ctx, RMString **argv, int argc) {
  * The flag's presence asks for the CRC; its value is not read (as in Momento's module). */
 static int cmd_dma_get(RMCtx *ctx, RMString **argv, int argc) {
     if (argc != 6 && argc != 7) return RM_WrongArity(ctx);
+    for (int i = 1; i <= 3; i++) redact(ctx, i); /* address, rkey, remote address: refused or not */
     req_args a;
     if (dma_segment(ctx, argv, &a)) return RM_OK;
     a.dma = argc == 7 ? DMA_REPLY_LEN_CRC : DMA_REPLY_LEN;
@@ -1025,8 +1031,10 @@ static int cmd_dma_get(RMCtx *ctx, RMString **argv, int argc) {
         const char *p = RM_StringDMA(key, &n, RM_READ);
         if (n > a.window) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_DMA_CAPACITY, n, a.window); }
         /* The string may change or go once this command returns: the transfer's bytes are a
-         * copy in the arena (LRU eviction makes room, as for a SET). */
-        if (n > 0 && !(b = blob_new_evicting(ctx, n))) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_NOSPACE, n, 0); }
+         * copy in the arena. A read evicts nothing for it (it would delete values the caller
+         * may not even write, and make a replica diverge): no room is NOSPACE, and the
+         * client reads over TCP instead. */
+        if (n > 0 && !(b = blob_new(n))) { RM_CloseKey(key); G.refused++; return reply_err(ctx, UPSTREAM, E_NOSPACE, n, 0); }
         if (b) {
             memcpy(blob_ptr(b), p, n);
             b->crc = lmcv_crc32c(0, p, n);

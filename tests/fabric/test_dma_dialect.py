@@ -247,3 +247,25 @@ def test_the_worker_acl_line_confines_dma_commands_to_the_tenants_keys(start_ser
         assert is_error(c("DMA.INFO"), "NOPERM")  # not on the worker's line
     finally:
         client.close()
+
+
+async def test_a_read_never_evicts_stored_values_for_its_copy(start_server):
+    # DMA.GET copies a string into the arena: with no room it says so (OOM) and deletes
+    # nothing -- not the values of a tenant whose keys the reader may not even write, and not
+    # on a replica, which must hold what its primary holds. The client then reads over TCP.
+    from lmcache_valkey.transport.fabric import FabricTransport
+
+    srv = start_server(PROVIDER, arena_mb=16)
+    admin = srv.client()
+    for i in range(3):
+        admin.execute_command("BLOB.TCP_SET", f"lmcv:t2:{i}".encode(), os.urandom(4 << 20))
+    big = os.urandom(8 << 20)
+    admin.set(b"lmcv:t1:big", big)
+    async with FabricTransport("127.0.0.1", srv.port, dialect="dma", bounce_bytes=0) as t:
+        arena = bytearray(8 << 20)
+        t.register_buffer(arena)
+        assert await t.get_into(b"lmcv:t1:big", [memoryview(arena)], 10) == len(big)
+        assert arena == big
+        assert t.stats["bulk_fallbacks"] == 1
+    info = srv.info()
+    assert info["evicted"] == 0 and admin.dbsize() == 4 and info["refused"] >= 1

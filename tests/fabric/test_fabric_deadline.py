@@ -79,3 +79,26 @@ async def test_a_stalled_peer_holds_up_only_its_own_transfers(start_server):
     finally:
         os.kill(helper.pid, signal.SIGKILL)
         helper.wait()
+
+
+def test_client_unblock_cannot_answer_a_transfer_the_server_still_runs(start_server):
+    """Only the fabric thread's end of a transfer answers its client. (CLIENT UNBLOCK used to
+    end the block with an error while the server kept writing into the client's buffer,
+    which the client had every reason to reuse once answered.)"""
+    srv = start_server("tcp;ofi_rxm", arena_mb=512, extra=("max_timeout_ms", "600000"))
+    c = srv.client()
+    c.execute_command("BLOB.TCP_SET", b"big", os.urandom(SIZE))
+    c.execute_command("BLOB.TCP_SET", b"small", b"s" * 4096)
+    helper = subprocess.Popen([sys.executable, str(HERE / "stall_client.py"), str(srv.port), str(SIZE), "600000",
+                               "warm", "small"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert helper.stdout.readline().strip() == "sent"
+        assert _poll(lambda: c.info("clients")["blocked_clients"] == 1)
+        blocked = [x for x in c.client_list() if "b" in x["flags"]]  # flag b: blocked
+        assert len(blocked) == 1, c.client_list()
+        assert c.execute_command("CLIENT", "UNBLOCK", blocked[0]["id"]) == 0
+        assert c.execute_command("CLIENT", "UNBLOCK", blocked[0]["id"], "ERROR") == 0
+        assert c.info("clients")["blocked_clients"] == 1 and srv.info()["xfers_timedout"] == 0
+    finally:
+        os.kill(helper.pid, signal.SIGKILL)
+        helper.wait()

@@ -54,6 +54,8 @@ class BouncePool:
         self.exhausted = 0
 
     def take(self, nbytes: int) -> tuple[int, memoryview] | None:
+        if nbytes <= 0:  # an empty extent would share its offset with the next one
+            raise ValueError(f"a bounce extent holds at least one byte, not {nbytes}")
         for i, (off, n) in enumerate(self._free):
             if n >= nbytes:
                 if n == nbytes:

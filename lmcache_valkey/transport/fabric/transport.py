@@ -31,6 +31,7 @@ from lmcache_valkey.errors import (
     DeadlineExceeded,
     FabricUnavailable,
     LmcacheValkeyError,
+    OutOfMemory,
     ProtocolError,
     TransportError,
 )
@@ -288,6 +289,11 @@ class FabricTransport:
             args = args_for(server_ms)
             if args and args[0] is _PIPELINE:  # several plain commands, one round trip
                 reply = await pool.pipeline(session, args[1], wait_s)
+                if reply and isinstance(reply[0], ErrorReply):
+                    # The first command (an RMA command with its TTL behind it) was refused:
+                    # handled as if it had been sent alone (a failed transfer drops the
+                    # session, a server deadline with operations in flight revokes the link).
+                    raise reply[0]
             else:
                 reply = await pool.exchange(session, args, wait_s)
         except ErrorReply as exc:
@@ -372,7 +378,9 @@ class FabricTransport:
                 if raw:
                     raise TransportError("no free scratch slot, and RawSpans have no bulk fallback") from None
                 return await self._fallback_get(key, bufs, deadline, "no free scratch slot")
-            except (TransferFailed, NoFabricSession, OutsideRegions) as exc:
+            except (TransferFailed, NoFabricSession, OutsideRegions, OutOfMemory) as exc:
+                # OutOfMemory: no arena room for a DMA.GET's copy of a string (the TCP read
+                # needs none); BLOB.RDMA_GET never answers it.
                 if self._bulk_fallback and not raw and deadline - loop.time() > 0:
                     return await self._fallback_get(key, bufs, deadline, str(exc))
                 raise
@@ -472,9 +480,12 @@ class FabricTransport:
             reply = await self._call(args_for, plan.keep, timeout, after=_first_reply, over=over, link=link)
         # NoSlot here: a new session's HELLO proof found the scratch taken by staged headers
         # (a burst of sets on fresh connections); like a get, the set falls back to bulk.
-        except (TransferFailed, NoFabricSession, OutsideRegions, NoSlot) as exc:
+        except (TransferFailed, NoFabricSession, OutsideRegions, NoSlot, OutOfMemory) as exc:
             left = deadline - loop.time()
-            if not (self._bulk_fallback and not raw and left > 0):
+            # OutOfMemory: a full arena refuses BLOB.TCP_SET as well, but a DMA.SET's landing
+            # copy is all it lacked (a SET of a string needs none).
+            if not (self._bulk_fallback and not raw and left > 0) or (
+                    isinstance(exc, OutOfMemory) and not self._dialect.one_region):
                 raise
             log.info("fabric SET of %r failed (%s): bulk fallback", key, exc)
             self._fell_back("put")
