@@ -747,6 +747,18 @@ static int prove_reply(RMCtx *ctx, xfer_result *r) {
     return RM_ReplyWithSimpleString(ctx, "OK");
 }
 
+/* s, when it may move a's triples: proven, and every triple inside its regions. NULL after
+ * replying the refusal. */
+static lmcv_session *session_admits(RMCtx *ctx, dialect d, lmcv_session *s, const req_args *a) {
+    if (s->state != LMCV_SESSION_ACTIVE) { refuse(ctx, d, E_NOT_PROVEN); return NULL; }
+    if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
+        G.outside_regions++;
+        refuse(ctx, d, E_OUTSIDE_REGIONS);
+        return NULL;
+    }
+    return s;
+}
+
 /* The session behind an RMA command, checked: present, proven, triples inside its
  * regions. NULL after replying the refusal. Redacts the triples' keys and addresses. */
 static lmcv_session *rma_session(RMCtx *ctx, dialect d, int first_triple, req_args *a) {
@@ -758,13 +770,7 @@ static lmcv_session *rma_session(RMCtx *ctx, dialect d, int first_triple, req_ar
     }
     lmcv_session *s = lmcv_session_find(RM_GetClientId(ctx));
     if (!s) { refuse(ctx, d, E_NOHELLO); return NULL; }
-    if (s->state != LMCV_SESSION_ACTIVE) { refuse(ctx, d, E_NOT_PROVEN); return NULL; }
-    if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
-        G.outside_regions++;
-        refuse(ctx, d, E_OUTSIDE_REGIONS);
-        return NULL;
-    }
-    return s;
+    return session_admits(ctx, d, s, a);
 }
 
 /* Stores an inline value. The upstream dialect refuses an empty value and another type's key. */
@@ -926,13 +932,7 @@ static lmcv_session *dma_session(RMCtx *ctx, RMString **argv, req_args *a) {
         refuse(ctx, UPSTREAM, E_DMA_ADDR);
         return NULL;
     }
-    if (s->state != LMCV_SESSION_ACTIVE) { refuse(ctx, UPSTREAM, E_NOT_PROVEN); return NULL; }
-    if (!lmcv_session_covers(s, a->segs, a->nsegs)) {
-        G.outside_regions++;
-        refuse(ctx, UPSTREAM, E_OUTSIDE_REGIONS);
-        return NULL;
-    }
-    return s;
+    return session_admits(ctx, UPSTREAM, s, a);
 }
 
 /* argv[2..4]: <rkey> <remote address> <length or capacity>, as one segment of a. 0, or the
