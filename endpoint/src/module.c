@@ -963,6 +963,14 @@ static void dma_store_string(RMCtx *ctx, RMString *name, const char *p, size_t l
     RM_FreeString(ctx, v);
 }
 
+/* DMA.GET's reply: n, or [n, crc] when the flag asked for the CRC. */
+static int dma_get_reply(RMCtx *ctx, int shape, uint64_t n, uint32_t crc) {
+    if (shape == DMA_REPLY_LEN) return RM_ReplyWithLongLong(ctx, (long long)n);
+    RM_ReplyWithArray(ctx, 2);
+    RM_ReplyWithLongLong(ctx, (long long)n);
+    return RM_ReplyWithLongLong(ctx, (long long)crc);
+}
+
 /* DMA.HELLO: the server's fabric addresses, and no session (Momento's form: the address
  * travels with each command; with `extensions no` any arguments are ignored, as there).
  * DMA.HELLO <addr hex> [PROOF] [REGION ...]: our extension, BLOB.RDMA_HELLO's session. */
@@ -1046,21 +1054,13 @@ static int cmd_dma_get(RMCtx *ctx, RMString **argv, int argc) {
     }
     RM_CloseKey(key);
     G.dma_gets++;
-    if (!b) { /* the empty string: nothing to write */
-        if (a.dma == DMA_REPLY_LEN) return RM_ReplyWithLongLong(ctx, 0);
-        RM_ReplyWithArray(ctx, 2);
-        RM_ReplyWithLongLong(ctx, 0);
-        return RM_ReplyWithLongLong(ctx, 0);
-    }
+    if (!b) return dma_get_reply(ctx, a.dma, 0, 0); /* the empty string: nothing to write */
     return start_xfer(ctx, UPSTREAM, KIND_GET, s, b, b->len, &a);
 }
 
 /* The reply of a DMA.SET or DMA.GET transfer. */
 static int dma_xfer_reply(RMCtx *ctx, RMString **argv, xfer_result *r) {
-    if (r->status == LMCV_XFER_TIMEDOUT) return reply_err(ctx, UPSTREAM, E_TIMEOUT, r->timeout_ms, r->inflight);
-    if (r->status == LMCV_XFER_SHUTDOWN) return reply_err(ctx, UPSTREAM, E_BUSY, 0, 0);
-    if (r->status != LMCV_XFER_OK)
-        return reply_err_s(ctx, UPSTREAM, r->kind == KIND_SET ? E_XFER_READ : E_XFER_WRITE, r->errmsg);
+    /* (A failed transfer was answered by xfer_reply, as in the other dialect.) */
     if (r->kind == KIND_SET) {
         /* xfer_free drops the arena copy in every case */
         if (r->has_crc && r->crc != r->want_crc) return reply_err(ctx, UPSTREAM, E_DMA_CRC, r->want_crc, r->crc);
@@ -1068,10 +1068,7 @@ static int dma_xfer_reply(RMCtx *ctx, RMString **argv, xfer_result *r) {
         G.dma_copied_bytes += r->obj_len;
         return RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
     }
-    if (r->dma == DMA_REPLY_LEN) return RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
-    RM_ReplyWithArray(ctx, 2);
-    RM_ReplyWithLongLong(ctx, (long long)r->obj_len);
-    return RM_ReplyWithLongLong(ctx, (long long)r->crc);
+    return dma_get_reply(ctx, r->dma, r->obj_len, r->crc);
 }
 
 /* DMA.INFO: the fabric as Momento's module describes it, one "field: value" line each. */

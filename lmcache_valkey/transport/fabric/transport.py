@@ -474,7 +474,7 @@ class FabricTransport:
             def args_for(ms: int) -> Any:
                 cmds = self._dialect.set_rma(key, total, plan.triples, ttl_ms, ms, link.peer_proof is True, crc,
                                              link.endpoint.name)
-                return cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)  # the TTL in the same round trip
+                return _one_trip(cmds)  # the TTL in the same round trip
 
             rel.hold()
             reply = await self._call(args_for, plan.keep, timeout, after=_first_reply, over=over, link=link)
@@ -508,8 +508,7 @@ class FabricTransport:
 
     async def _set_bulk(self, key: bytes, parts: Sequence[Any], ttl_ms: int | None, timeout: float) -> None:
         value = b"".join(bytes(byte_view(p)) for p in parts)
-        cmds = self._dialect.set_bulk(key, value, ttl_ms)
-        args = cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)
+        args = _one_trip(self._dialect.set_bulk(key, value, ttl_ms))
         _expect_ok(await self._call(lambda ms: args, None, timeout, after=_first_reply))
 
     # -- the store's ChunkTransport protocol ------------------------------------------------
@@ -584,8 +583,7 @@ class FabricTransport:
     async def info(self, key: bytes, timeout: float = 5.0) -> tuple[int, int] | None:
         """(length, crc32c) of a stored value, or None. The DMA dialect's values are strings,
         which carry no CRC: (length, None)."""
-        cmds = self._dialect.info(key)
-        args = cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)
+        args = _one_trip(self._dialect.info(key))
         return self._dialect.parse_info_reply(await self._call(lambda ms: args, None, timeout))
 
     async def control(self, *args: Any, timeout: float = 5.0) -> Any:
@@ -721,6 +719,12 @@ def _as_result(value: Any) -> Any:
 
 _PIPELINE = object()  # marks a pipelined batch of plain commands in ``_op``
 DIALECTS = {d.name: d for d in (commands.LARGE_OBJECT, DMA)}
+
+
+def _one_trip(cmds: list[list[object]]) -> Any:
+    """A dialect's commands for one operation, as ``_op`` takes them: one command alone, or
+    several pipelined in one round trip."""
+    return cmds[0] if len(cmds) == 1 else (_PIPELINE, cmds)
 
 
 class _CurrentLink:
