@@ -58,8 +58,8 @@ class Doctor:
         connected = await self._connect()
         if connected:
             # modules first: whether the large-object commands exist decides the worker ACL line
-            for step in (self._server, self._memory, self._modules, self._fabric_peers, self._acl, self._scope,
-                         self._secret):
+            for step in (self._server, self._memory, self._modules, self._fabric_peers, self._slot_migration,
+                         self._acl, self._scope, self._secret):
                 await self._guard(step)
         else:
             for name in ("server", "memory", "modules", "acl", "scope"):
@@ -376,6 +376,34 @@ class Doctor:
                          f"(an upstream {family}.* module, or ours with require_proof no): any client allowed "
                          f"{family}.* can claim another worker's fabric address, and only the secrecy of its remote "
                          "keys keeps others out of its registered memory", fix)
+
+    async def _slot_migration(self) -> None:
+        """Which resharding the cluster offers with our module loaded (``INFO lmcvblob``'s
+        ``atomic_slot_migration``): Valkey 9 refuses ``CLUSTER MIGRATESLOTS`` on every node
+        while a loaded module has not declared support, and servers before 9.0 have neither
+        the command nor the declaration."""
+        if not self._module_loaded or not self._is_cluster():
+            return
+        from .transport.fabric import commands
+
+        try:
+            info = await self._info(commands.INFO_SECTION)
+        except AuthError as e:
+            return self._refused("slot_migration", e)
+        except ServerError:
+            info = {}
+        declared = info.get(f"{commands.INFO_SECTION}_atomic_slot_migration")
+        if declared is None:
+            return  # another large-object module, or an older build of ours: nothing to read it from
+        if declared == "1":
+            self.add("slot_migration", OK, "the module's keys move with their slots by CLUSTER MIGRATESLOTS "
+                                           "(atomic slot migration) and by legacy MIGRATE")
+        else:
+            self.add("slot_migration", WARN, "this server cannot move the module's keys by atomic slot migration "
+                     "(CLUSTER MIGRATESLOTS needs Valkey 9.0+): resharding is the legacy kind only, key by key, "
+                     "with ASK redirects while a slot is half-moved",
+                     "reshard with `valkey-cli --cluster reshard` (SETSLOT/MIGRATE), or upgrade the nodes to "
+                     "Valkey 9.0+ (docs/cluster.md)")
 
     async def _fabric(self) -> None:
         if self.settings.transport in ("tcp", "blob-tcp"):

@@ -70,6 +70,8 @@
     X(OUTSIDE_REGIONS, n, "BADREGION a triple lies outside the regions this session declared at HELLO",          \
       "BADREGION a triple lies outside the regions this session declared at HELLO")                              \
     X(OOM, n, "ERR out of memory", "ERR out of memory")                                                          \
+    X(PAUSED, n, "TRYAGAIN writes are paused (failover or slot migration); the value was not stored",            \
+      "TRYAGAIN writes are paused (failover or slot migration); the value was not stored")                       \
     /* Momento's DMA dialect: its own words, in both columns. */                                                  \
     X(DMA_HEX, n, "ERR invalid hex in address", "ERR invalid hex in address")                                    \
     X(DMA_INT, n, "ERR invalid integer in advertisement", "ERR invalid integer in advertisement")                \

@@ -57,6 +57,9 @@ static struct {
      * that declared no region reaches anything its peer registered (docs/security.md). */
     int require_proof;
     int extensions;    /* 0: the upstream dialect only (HELLO takes exactly the address) */
+    /* 1: this server takes our declaration that the keys may move by CLUSTER MIGRATESLOTS
+     * (Valkey 9.0+); 0: it has no such option, so resharding is the legacy MIGRATE kind. */
+    int atomic_slot_migration;
     /* Where an RMA command's time goes: queued+moving on the fabric thread, then waiting
      * for the main thread to run the reply callback (both summed, in microseconds). */
     unsigned long long fabric_usec, unblock_usec;
@@ -362,13 +365,17 @@ static int other_type(RMCtx *ctx, RMString *name) {
  * into the replication stream. That copy is paid only where something reads the stream: the
  * AOF is on, or this primary keeps a replication backlog (a replica attached, or one that may
  * resync from it). A replica that attaches later gets the values by full sync (RDB). On a
- * replica, its own replicas get the primary's stream, so only its AOF counts. */
+ * replica, its own replicas get the primary's stream, so only its AOF counts. A cluster
+ * primary always propagates: while CLUSTER MIGRATESLOTS moves a slot, the target learns of
+ * the writes made meanwhile only from this stream, and no context flag or INFO field says
+ * that a move is running (a primary without replicas pays one discarded copy per write). */
 static int should_propagate(RMCtx *ctx) {
     if (!G.propagate) return 0; /* `propagate no`: replicas and the AOF lack fabric-written values */
     int f = RM_GetContextFlags(ctx);
     if (f & RM_CTX_FLAGS_LOADING) return 0;
     if (f & RM_CTX_FLAGS_AOF) return 1;
     if (!(f & RM_CTX_FLAGS_MASTER)) return 0;
+    if (f & RM_CTX_FLAGS_CLUSTER) return 1;
     RMServerInfoData *info = RM_GetServerInfo(ctx, "replication");
     if (!info) return 1; /* unknown: propagate, the safe side */
     int err = 0;
@@ -547,6 +554,12 @@ static int xfer_reply(RMCtx *ctx, RMString **argv, int argc) {
     if (r->status == LMCV_XFER_SHUTDOWN) return reply_err(ctx, r->d, E_BUSY, 0, 0);
     if (r->status != LMCV_XFER_OK)
         return reply_err_s(ctx, r->d, r->kind == KIND_SET ? E_XFER_READ : E_XFER_WRITE, r->errmsg);
+    /* A SET's bytes arrived while the server pauses writes (CLIENT PAUSE WRITE, a manual
+     * failover, the cut-over of CLUSTER MIGRATESLOTS): a normal command would wait for the
+     * pause to end, but this callback runs now. Storing would change a keyspace the
+     * replica or the slot's new owner is taking over as final (and propagating during the
+     * pause aborts the server): refuse instead; the client may put again. */
+    if (r->kind == KIND_SET && RM_AvoidReplicaTraffic()) return refuse(ctx, r->d, E_PAUSED);
     if (r->dma) return dma_xfer_reply(ctx, argv, r);
     if (r->kind == KIND_SET) {
         if (r->has_crc && r->crc != r->want_crc) return refuse(ctx, r->d, E_CRC); /* xfer_free drops it */
@@ -1147,6 +1160,8 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
     RM_InfoAddFieldCString(ctx, "peer_mode", G.require_proof ? LMCV_PEER_MODE_PROVEN : LMCV_PEER_MODE_UNPROVEN);
     if (!G.require_proof) RM_InfoAddFieldCString(ctx, "peer_warning", LMCV_PEER_WARNING);
     RM_InfoAddFieldULongLong(ctx, "extensions", (unsigned long long)G.extensions);
+    /* 1: CLUSTER MIGRATESLOTS moves our keys; 0: only legacy MIGRATE does (doctor reads it) */
+    RM_InfoAddFieldULongLong(ctx, "atomic_slot_migration", (unsigned long long)G.atomic_slot_migration);
     RM_InfoAddFieldULongLong(ctx, "proofs_ok", G.proofs_ok);
     RM_InfoAddFieldULongLong(ctx, "proofs_failed", G.proofs_failed);
     RM_InfoAddFieldULongLong(ctx, "outside_regions", G.outside_regions);
@@ -1303,9 +1318,16 @@ __attribute__((visibility("default"))) int RedisModule_OnLoad(RMCtx *ctx, RMStri
                         .aof_rewrite = type_aof_rewrite, .mem_usage = type_mem_usage, .free = type_free};
     RMType *type = RM_CreateDataType(ctx, LMCV_TYPE_NAME, LMCV_TYPE_ENCVER, &tm);
     if (!type) return RM_ERR;
-    /* Without it a malformed value in RESTORE or an RDB panics the server (issue: crafted
-     * RESTORE payloads); with it type_rdb_load sees the error and refuses the value. */
-    RM_SetModuleOptions(ctx, RM_OPTIONS_HANDLE_IO_ERRORS);
+    /* Without HANDLE_IO_ERRORS a malformed value in RESTORE or an RDB panics the server (issue:
+     * crafted RESTORE payloads); with it type_rdb_load sees the error and refuses the value.
+     * Atomic slot migration needs nothing more of us than aof_rewrite (the snapshot) and
+     * should_propagate (the writes during the move); declared only where the server knows
+     * the option, so that INFO and doctor can say which resharding this server offers. */
+    int options = RM_OPTIONS_HANDLE_IO_ERRORS;
+    G.atomic_slot_migration =
+        RM_GetModuleOptionsAll && (RM_GetModuleOptionsAll() & RM_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION) != 0;
+    if (G.atomic_slot_migration) options |= RM_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
+    RM_SetModuleOptions(ctx, options);
     lmcv_arena *arena = lmcv_arena_create((size_t)G.arena_mb << 20);
     if (!arena) { RM_Log(ctx, RM_LOG_WARNING, "lmcvblob: cannot map %llu MiB arena", G.arena_mb); return RM_ERR; }
     lmcv_fabric *fabric = NULL;

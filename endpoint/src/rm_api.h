@@ -29,10 +29,15 @@
 /* SetModuleOptions: IO errors while loading our values are reported to rdb_load (which
  * then refuses the value) instead of ending the server. */
 #define RM_OPTIONS_HANDLE_IO_ERRORS (1 << 0)
+/* Valkey 9.0: the module's keys may move by CLUSTER MIGRATESLOTS (the source sends them as
+ * the commands aof_rewrite emits, then the writes it replicates while the move runs). Unset,
+ * every node of the cluster refuses atomic slot migration while the module is loaded. */
+#define RM_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION (1 << 5)
 /* GetContextFlags bits for calls that cannot hold a fabric session or block. */
 #define RM_CTX_FLAGS_LUA (1 << 0)
 #define RM_CTX_FLAGS_MULTI (1 << 1)
 #define RM_CTX_FLAGS_MASTER (1 << 2)
+#define RM_CTX_FLAGS_CLUSTER (1 << 5)
 #define RM_CTX_FLAGS_AOF (1 << 6)
 #define RM_CTX_FLAGS_REPLICATED (1 << 12)
 #define RM_CTX_FLAGS_LOADING (1 << 13)
@@ -191,6 +196,7 @@ typedef struct RMServerInfoData RMServerInfoData;
     X(void, FreeServerInfo, (RMCtx *, RMServerInfoData *))                                     \
     X(unsigned long long, ServerInfoGetFieldUnsigned, (RMServerInfoData *, const char *, int *))       \
     X(int, StringSet, (RMKey *, RMString *))                                                   \
+    X(int, AvoidReplicaTraffic, (void))                                                        \
     X(char *, StringDMA, (RMKey *, size_t *, int))
 
 /* Entry points some supported servers lack (Redis 7.0 has no ACL categories for modules):
@@ -202,7 +208,8 @@ typedef struct RMServerInfoData RMServerInfoData;
     X(int, SetCommandACLCategories, (RMCommand *, const char *))                               \
     X(int, RedactClientCommandArgument, (RMCtx *, int))                                        \
     X(const RMString *, GetKeyNameFromIO, (RMIO *))                                            \
-    X(int, GetDbIdFromIO, (RMIO *))
+    X(int, GetDbIdFromIO, (RMIO *))                                                            \
+    X(int, GetModuleOptionsAll, (void))
 
 #define RM_DECLARE(ret, name, args) extern ret(*RM_##name) args;
 RM_API_LIST(RM_DECLARE)

@@ -283,3 +283,24 @@ def test_a_dma_dialect_worker_is_checked_in_its_own_dialect(tmp_path):
     assert checks["fabric_peers"]["status"] == "ok", checks
     t = checks["transport"]
     assert t["status"] == "ok" and "Momento's DMA dialect" in t["detail"] and "proved" in t["detail"], t
+
+
+def test_says_which_resharding_a_cluster_with_the_module_offers():
+    """Valkey 9 moves the module's keys by CLUSTER MIGRATESLOTS; a Valkey 8 cluster only by
+    the legacy kind, which the user is told (the command does not exist there)."""
+    import shutil
+
+    from support.servers import DEBIAN_VALKEY, ValkeyCluster
+
+    assert MODULE_SO.exists(), "endpoint module not built (scripts/setup.sh runs make -C endpoint)"
+    module = ["--loadmodule", str(MODULE_SO), "provider", "tcp;ofi_rxm", "bind", "127.0.0.1"]
+    with ValkeyCluster(3, args=module) as c:
+        code, checks = doctor("--url", c.url, "--transport", "fabric")
+        assert checks["slot_migration"]["status"] == "ok", checks
+        assert "MIGRATESLOTS" in checks["slot_migration"]["detail"]
+    if not shutil.which(DEBIAN_VALKEY):
+        return
+    with ValkeyCluster(3, binary=DEBIAN_VALKEY, args=module) as c:
+        code, checks = doctor("--url", c.url, "--transport", "fabric")
+        assert checks["slot_migration"]["status"] == "warn", checks
+        assert "legacy" in checks["slot_migration"]["detail"] and "reshard" in checks["slot_migration"]["fix"]
