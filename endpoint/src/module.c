@@ -1186,7 +1186,13 @@ static void info_func(RMInfoCtx *ctx, int for_crash_report) {
 
 /* Every command the module registers, with what ACL rules need to confine it: core flags
  * (hence @read/@write/@fast), the key argument's access (key specs: ~pattern confines it,
- * %R~/%W~ by access), and the module's own category (docs/fabric-acl.md). */
+ * %R~/%W~ by access), and the module's own category (docs/fabric-acl.md). The ACL categories
+ * are valkey-large-object 0.1.0's (each page: @read, @write or @connection, @fast, @largeobj),
+ * so one rule by category serves either module; our own commands take those of their BLOB
+ * counterpart. They are named here because a module command gets none from its flags (a
+ * "readonly" one is not in @read unless listed). @fast is the ACL category alone where the
+ * command flag is off: the transfers block on the fabric, and the server must not take them
+ * for O(1) commands (latency monitor, slowlog). */
 typedef struct {
     const char *name;
     RMCmdFunc fn;
@@ -1201,35 +1207,35 @@ typedef struct {
 #define RO_ACCESS (RM_CMD_KEY_RO | RM_CMD_KEY_ACCESS)
 #define OW_UPDATE (RM_CMD_KEY_OW | RM_CMD_KEY_UPDATE)
 static const command_def COMMANDS[] = {
-    {LMCV_CMD_RDMA_HELLO, cmd_rdma_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_RDMA_HELLO, cmd_rdma_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection fast",
      "Establishes an RDMA session for the current connection"},
-    {LMCV_CMD_RDMA_SET, cmd_rdma_set, "write deny-oom", 1, OW_UPDATE, -6, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_RDMA_SET, cmd_rdma_set, "write deny-oom", 1, OW_UPDATE, -6, LMCV_ACL_CATEGORY " write fast",
      "Stores a large object read by the server from client memory with RDMA"},
-    {LMCV_CMD_RDMA_GET, cmd_rdma_get, "readonly", 1, RO_ACCESS, -5, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_RDMA_GET, cmd_rdma_get, "readonly", 1, RO_ACCESS, -5, LMCV_ACL_CATEGORY " read fast",
      "Writes a large object into client memory with RDMA"},
-    {LMCV_CMD_TCP_SET, cmd_tcp_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_TCP_SET, cmd_tcp_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY " write fast",
      "Stores a large object sent inline"},
-    {LMCV_CMD_TCP_GET, cmd_tcp_get, "readonly", 1, RO_ACCESS, 2, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_TCP_GET, cmd_tcp_get, "readonly", 1, RO_ACCESS, 2, LMCV_ACL_CATEGORY " read fast",
      "Returns a large object inline"},
-    {LMCV_CMD_INFO, cmd_info, "readonly fast", 1, RM_CMD_KEY_RO, -2, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_INFO, cmd_info, "readonly fast", 1, RM_CMD_KEY_RO, -2, LMCV_ACL_CATEGORY " read fast",
      "Length, CRC32C and tier of a large object"},
-    {LMCV_CMD_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection fast",
      "Extension: completes RDMA_HELLO PROOF; the server reads its nonce back from the claimed address"},
-    {LMCV_CMD_DMA_HELLO, cmd_dma_hello, "fast", 0, 0, -1, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_DMA_HELLO, cmd_dma_hello, "fast", 0, 0, -1, LMCV_ACL_CATEGORY " connection fast",
      "Momento's DMA dialect: the server's fabric addresses (with arguments: an RDMA session, as BLOB.RDMA_HELLO)"},
-    {LMCV_CMD_DMA_SET, cmd_dma_set, "write deny-oom", 5, OW_UPDATE, -6, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_DMA_SET, cmd_dma_set, "write deny-oom", 5, OW_UPDATE, -6, LMCV_ACL_CATEGORY " write fast",
      "Momento's DMA dialect: stores a string read by the server from client memory with RDMA"},
-    {LMCV_CMD_DMA_GET, cmd_dma_get, "readonly", 5, RO_ACCESS, -6, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_DMA_GET, cmd_dma_get, "readonly", 5, RO_ACCESS, -6, LMCV_ACL_CATEGORY " read fast",
      "Momento's DMA dialect: writes a string into client memory with RDMA"},
-    {LMCV_CMD_DMA_INFO, cmd_dma_info, "readonly fast", 0, 0, 1, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_DMA_INFO, cmd_dma_info, "readonly fast", 0, 0, 1, LMCV_ACL_CATEGORY " read fast",
      "Momento's DMA dialect: what the fabric provider was opened with"},
-    {LMCV_CMD_DMA_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_DMA_PROVE, cmd_prove, "fast", 0, 0, 3, LMCV_ACL_CATEGORY " connection fast",
      "Extension: completes DMA.HELLO PROOF, as BLOB.RDMA_PROVE"},
-    {LMCV_CMD_LEGACY_HELLO, cmd_legacy_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection",
+    {LMCV_CMD_LEGACY_HELLO, cmd_legacy_hello, "fast", 0, 0, -2, LMCV_ACL_CATEGORY " connection fast",
      "Deprecated name of BLOB.RDMA_HELLO"},
-    {LMCV_CMD_LEGACY_SET, cmd_legacy_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_LEGACY_SET, cmd_legacy_set, "write deny-oom", 1, OW_UPDATE, -3, LMCV_ACL_CATEGORY " write fast",
      "Deprecated: BLOB.TCP_SET or BLOB.RDMA_SET by the shape of the arguments"},
-    {LMCV_CMD_LEGACY_GET, cmd_legacy_get, "readonly", 1, RO_ACCESS, -2, LMCV_ACL_CATEGORY,
+    {LMCV_CMD_LEGACY_GET, cmd_legacy_get, "readonly", 1, RO_ACCESS, -2, LMCV_ACL_CATEGORY " read fast",
      "Deprecated: BLOB.TCP_GET or BLOB.RDMA_GET by the shape of the arguments"},
 };
 

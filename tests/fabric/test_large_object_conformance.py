@@ -325,6 +325,17 @@ def test_a_cluster_node_redirects_a_key_it_does_not_serve(deployment):
         c.close()
 
 
+# "ACL Categories" of each command page, 0.1.0.
+PAGE_CATEGORIES = {
+    "BLOB.RDMA_HELLO": {"@connection", "@fast", "@largeobj"},
+    "BLOB.RDMA_SET": {"@write", "@fast", "@largeobj"},
+    "BLOB.RDMA_GET": {"@read", "@fast", "@largeobj"},
+    "BLOB.TCP_SET": {"@write", "@fast", "@largeobj"},
+    "BLOB.TCP_GET": {"@read", "@fast", "@largeobj"},
+    "BLOB.INFO": {"@read", "@fast", "@largeobj"},
+}
+
+
 def test_commands_are_in_the_largeobj_acl_category(deployment):
     c = Conn(*deployment.nodes[0], deployment.tls)
     try:
@@ -332,6 +343,40 @@ def test_commands_are_in_the_largeobj_acl_category(deployment):
         if is_error(listed) or not listed:
             pytest.skip("this server does not apply module ACL categories")
         names = {n.decode().upper() for n in listed}
-        assert {"BLOB.RDMA_HELLO", "BLOB.RDMA_SET", "BLOB.RDMA_GET", "BLOB.TCP_SET", "BLOB.TCP_GET", "BLOB.INFO"} <= names
+        assert set(PAGE_CATEGORIES) <= names
     finally:
         c.close()
+
+
+def test_each_command_has_the_acl_categories_its_page_gives(deployment):
+    """So that one ACL rule written by category (``+@read``, ``-@write``, ``+@fast``) grants
+    or denies the same commands of either module."""
+    c = Conn(*deployment.nodes[0], deployment.tls)
+    try:
+        if is_error(c("ACL", "CAT", "largeobj")):
+            pytest.skip("this server does not apply module ACL categories")
+        for name, categories in PAGE_CATEGORIES.items():
+            (info,) = c("COMMAND", "INFO", name)
+            assert {x.decode() for x in info[6]} == categories, name
+    finally:
+        c.close()
+    # And the server applies them: a user granted by category gets exactly those commands.
+    key = _key("by-category", deployment)
+    admin = deployment.conn_for(key)
+    node = admin.sock.getpeername()[:2]
+    reader = None
+    try:
+        admin.ok("BLOB.TCP_SET", key, b"v" * 10)
+        admin.ok("ACL", "SETUSER", "lo-reader", "reset", "on", ">lo-reader-pw", "~*", "+@all", "-@write")
+        reader = Conn(*node, deployment.tls)
+        reader.ok("AUTH", "lo-reader", "lo-reader-pw")
+        assert reader.ok("BLOB.TCP_GET", key) == b"v" * 10
+        assert reader.ok("BLOB.INFO", key, "LEN") == 10
+        assert is_error(reader("BLOB.TCP_SET", key, b"w"), "NOPERM")
+        assert is_error(reader("BLOB.RDMA_SET", key, 1, 0, 0, 1), "NOPERM")
+        assert admin.ok("BLOB.TCP_GET", key) == b"v" * 10
+    finally:
+        if reader is not None:
+            reader.close()
+        admin("ACL", "DELUSER", "lo-reader")
+        admin.close()

@@ -17,10 +17,14 @@ The two layouts:
   the layout every LMCache connector shares, so a chunk stored here is the same bytes a CUDA
   worker would store.
 
-A chunk then moves with one ``index_select`` (store, written straight into the MemoryObj
-through ``out=``) or one ``index_copy_`` (load, straight into vLLM's blocks) per layer and per
-K/V, over element offsets computed once per chunk: each byte is copied once, which the gather
-from scattered, permuted blocks forces; nothing is staged.
+A chunk is loaded by vLLM's own writer, ``cpu_attn_reshape_and_cache``, one call per layer
+(the chunk's K and V rows are the ``[tokens, heads, head_size]`` tensors the kernel takes from
+an attention step): the bytes land exactly where vLLM's attention would have put them, for
+every ISA, with the kernel's vectorized transposes (2x fewer cycles than strided copies for
+``vec``'s transposed K; docs/throughput.md). A chunk is stored by strided copies per run of a
+block's tokens where the kernel's order is a strided one, else by one ``index_select`` per
+layer and per K/V over element offsets computed once per chunk, written straight into the
+MemoryObj through ``out=``. Either way each byte is copied once; nothing is staged.
 
 Imports vLLM's CPU attention kernel and ISA choice only (``_vllm_kernel``), when it binds.
 """
@@ -116,7 +120,7 @@ class _Binding:
     call from its offload or API-server threads too)."""
 
     __slots__ = ("caches", "flats", "block_size", "block_stride", "head_stride", "k_offsets", "v_offsets",
-                 "isa", "limit", "k_views", "v_views")
+                 "isa", "limit", "k_views", "v_views", "halves", "write")
 
     def __init__(self, caches: Sequence[torch.Tensor], num_heads: int, head_size: int,
                  dtype: torch.dtype) -> None:
@@ -144,6 +148,11 @@ class _Binding:
             raise KVLayoutError(f"vLLM's KV caches have strides {stride}: the CPU KV connector needs "
                                 f"dense (block, head) interiors of {expected}")
         self.isa, k, v = block_layout(dtype, num_heads, head_size, block_size)
+        self.write = _vllm_kernel()[0]
+        # Per layer the (K, V) caches as vLLM's attention layer hands them to its kernel.
+        self.halves = [tuple(c.as_strided((num_blocks, num_heads, 2 * block_size, head_size),
+                                          (s_block, s_head, head_size, 1), c.storage_offset()).chunk(2, dim=2))
+                       for c in caches]
         region = 2 * block_size * head_size
         k_inner, v_inner = k % region, v % region  # within the head's region
         heads = (torch.arange(num_heads) * s_head).view(1, num_heads, 1)
@@ -208,6 +217,12 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
         binding = self._binding
         return None if binding is None else binding.caches
 
+    @property
+    def isa(self) -> Optional[str]:
+        """The attention kernel's ISA whose layout the bound caches hold (None before binding)."""
+        binding = self._binding
+        return None if binding is None else binding.isa
+
     @classmethod
     def from_metadata(cls, metadata: Any) -> "VLLMPagedCPUConnector":
         """Sizes from ``LMCacheMetadata.kv_shape`` = (layers, 2, chunk_size, kv_heads, head_size)."""
@@ -225,7 +240,7 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
         dst = self._chunk_tensor(memory_obj, end - start)
         binding, slots = self._slots(kwargs, start, end)
         shaped = dst.view(2, self.num_layers, end - start, self.num_heads, self.head_size)
-        self._move(binding, slots, shaped, to_cache=False)
+        self._gather(binding, slots, shaped)
         memory_obj.metadata.fmt = MemoryFormat.KV_2LTD
 
     def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
@@ -238,25 +253,22 @@ class VLLMPagedCPUConnector(GPUConnectorInterface):
             return
         binding, slots = self._slots(kwargs, start + skip, end)
         shaped = src.view(2, self.num_layers, end - start, self.num_heads, self.head_size)[:, :, skip:]
-        self._move(binding, slots, shaped, to_cache=True)
+        for layer, (k_cache, v_cache) in enumerate(binding.halves):
+            # As an attention step writes its tokens' K and V (unit scales: unquantized caches only).
+            binding.write(shaped[0, layer], shaped[1, layer], k_cache, v_cache, slots, binding.isa, 1.0, 1.0, "auto")
 
-    def _move(self, binding: "_Binding", slots: torch.Tensor, chunk: torch.Tensor, *, to_cache: bool) -> None:
-        """One copy of every element between vLLM's blocks and ``chunk`` [2, layers, tokens, heads, dim]."""
+    def _gather(self, binding: "_Binding", slots: torch.Tensor, chunk: torch.Tensor) -> None:
+        """Every element of ``slots``' tokens from vLLM's blocks into ``chunk`` [2, layers, tokens, heads, dim], once."""
         runs = binding.runs(slots) if binding.k_views is not None or binding.v_views is not None else None
         offsets = binding.offsets(slots) if binding.k_views is None or binding.v_views is None else None
         for kv, views in ((0, binding.k_views), (1, binding.v_views)):
             if views is not None:
                 for layer, view in enumerate(views):
                     for t, block, offset, n in runs:
-                        cache_part = view[block, :, offset:offset + n].transpose(0, 1)  # [n, heads, dim]
-                        chunk_part = chunk[kv, layer, t:t + n]
-                        (cache_part.copy_(chunk_part) if to_cache else chunk_part.copy_(cache_part))
+                        chunk[kv, layer, t:t + n].copy_(view[block, :, offset:offset + n].transpose(0, 1))
                 continue
             for layer, flat in enumerate(binding.flats):
-                if to_cache:
-                    flat.index_copy_(0, offsets[kv], chunk[kv, layer].reshape(-1))
-                else:
-                    torch.index_select(flat, 0, offsets[kv], out=chunk[kv, layer].view(-1))
+                torch.index_select(flat, 0, offsets[kv], out=chunk[kv, layer].view(-1))
 
     def batched_from_gpu(self, memory_objs: Sequence[Any], starts: Sequence[int],
                          ends: Sequence[int], **kwargs: Any) -> None:
