@@ -6,8 +6,10 @@ are taken straight out of throughput. Two implementations compute the same funct
 
 - **ISA-L** (Intel's storage-acceleration library, ``libisal2`` on Debian/Ubuntu, loaded by
   cffi in ABI mode, nothing compiled): ``crc32_iscsi`` folds with carry-less multiplies
-  (AVX-512 VPCLMULQDQ where the CPU has it). Measured on the 2-core EPYC the benchmarks run
-  on: ~48 GB/s on a buffer in cache, ~27 GB/s reading from memory.
+  (AVX-512 VPCLMULQDQ where the CPU has it: ~48 GB/s on a buffer in cache, ~27 GB/s reading
+  from memory, on a 2-core EPYC with it). Without AVX-512 (AMD Zen 3) it runs its SSE4.2
+  routine, ~24 GB/s on a 4 MiB buffer: no faster than the crc32c package there, and a 256-bit
+  VPCLMULQDQ fold is no faster either (docs/throughput.md).
 - **the crc32c package** (the SSE4.2 ``crc32`` instruction, three streams): ~25 GB/s in
   cache, ~12 GB/s from memory. Always used below ``ISAL_MIN`` bytes (headers, small
   pieces of a reply), where the cffi call costs more than it saves (~0.65 µs against
