@@ -34,6 +34,9 @@ WORKER_TIERING = ("rpush", "ltrim", "blpop", "hset")
 # docs/tiering-index.md.
 TIERD = ("get", "set", "pttl", "exists", "unlink", "zadd", "zrange", "zrem", "object|idletime", "info", "blpop",
          "lpop", "rpush", "pexpire", "multi", "exec", "hkeys", "hset", "hdel")
+# ... with ``put_replicas`` (docs/cluster.md): WAIT after each SET. It names no key; what it
+# tells a tenant is how many replicas have that tenant's own connection's writes.
+WORKER_DURABLE = ("wait",)
 # Valkey Cluster: the slot map and ASK redirections.
 CLUSTER = ("cluster|slots", "asking")
 # The fabric and blob-tcp transports (docs/fabric-acl.md): the large-object commands by name
@@ -64,9 +67,10 @@ def _line(user: str, password: str, prefix: str, tenant: str, commands: tuple[st
 
 
 def worker_commands(*, cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0,
-                    fabric_dialect: str = "large-object") -> tuple[str, ...]:
+                    fabric_dialect: str = "large-object", durable: bool = False) -> tuple[str, ...]:
     fab = (FABRIC_DMA if fabric_dialect == "dma" else FABRIC) if fabric else ()
-    return WORKER + (WORKER_TIERING if tiering else ()) + fab + (CLUSTER if cluster else ()) + (("select",) if db else ())
+    return (WORKER + (WORKER_TIERING if tiering else ()) + (WORKER_DURABLE if durable else ()) + fab
+            + (CLUSTER if cluster else ()) + (("select",) if db else ()))
 
 
 def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
@@ -75,11 +79,13 @@ def tierd_commands(*, cluster: bool = False, db: int = 0) -> tuple[str, ...]:
 
 def worker_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",
                 cluster: bool = False, tiering: bool = False, fabric: bool = False, db: int = 0,
-                fabric_dialect: str = "large-object") -> str:
+                fabric_dialect: str = "large-object", durable: bool = False) -> str:
     """The ACL file line for a tenant's workers (``tiering``: with a tierd to talk to;
-    ``fabric``: with the RMA transport, in ``fabric_dialect``)."""
+    ``fabric``: with the RMA transport, in ``fabric_dialect``; ``durable``: with
+    ``put_replicas``)."""
     return _line(user, password, prefix, tenant,
-                 worker_commands(cluster=cluster, tiering=tiering, fabric=fabric, db=db, fabric_dialect=fabric_dialect))
+                 worker_commands(cluster=cluster, tiering=tiering, fabric=fabric, db=db, fabric_dialect=fabric_dialect,
+                                 durable=durable))
 
 
 def tierd_line(user: str, tenant: str, *, prefix: str = "lmcv", password: str = "PASSWORD",

@@ -88,6 +88,10 @@ class Settings:
     # two round trips), or "per_key", one EXISTS per key in one round trip.
     prefix_lookup: str = "counts"
     ttl_s: float | None = None
+    # Durability of a put (tcp transport): 0 acknowledges a chunk once the primary holds it
+    # (replication is asynchronous: a failover can lose it); N > 0 sends WAIT N after each
+    # SET on the same connection and counts the put as stored only once N replicas have it.
+    put_replicas: int = 0
     max_chunk_bytes: int = 256 << 20
     transport: str = "auto"  # auto | tcp | fabric (alias rdma) | blob-tcp
     fabric: FabricSettings = field(default_factory=FabricSettings)
@@ -373,6 +377,7 @@ _SIMPLE: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "lookup_timeout_s": ("lookup_timeout_s", parse_seconds),
     "connections_per_node": ("connections_per_node", lambda k, v: parse_int(k, v, 1, 64)),
     "prefix_lookup": ("prefix_lookup", lambda k, v: parse_choice(k, v, ("counts", "per_key"))),
+    "put_replicas": ("put_replicas", lambda k, v: parse_int(k, v, 0, 16)),
     "ttl_s": ("ttl_s", lambda k, v: parse_seconds(k, v, allow_zero=True) or None),
     "max_chunk_bytes": ("max_chunk_bytes", parse_size),
     "transport": ("transport", lambda k, v: _as_transport(k, v)),
@@ -505,6 +510,11 @@ def settings_from_mapping(raw: Mapping[str, Any], *, env: Mapping[str, str] | No
         raise ConfigError("url", "database 0 with Valkey Cluster (clusters have one database)", s.db)
     if s.max_chunk_bytes > (512 << 20) - 4096:
         raise ConfigError("max_chunk_bytes", "at most 512MiB minus the header (Valkey's default proto-max-bulk-len)", s.max_chunk_bytes)
+    if s.put_replicas and s.transport != "tcp":
+        # fabric and blob-tcp puts complete in the module, on connections of their own: a WAIT
+        # there is not yet sent, and a setting that silently did nothing would be worse
+        raise ConfigError("put_replicas", "0, or transport: tcp (fabric and blob-tcp puts are not confirmed "
+                                          "by WAIT yet)", f"{s.put_replicas} with transport {s.transport}")
     if s.lookup_timeout_s > s.op_timeout_s:
         raise ConfigError("lookup_timeout_s", f"at most op_timeout_s ({s.op_timeout_s})", s.lookup_timeout_s)
     return s

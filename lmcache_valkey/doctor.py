@@ -207,7 +207,8 @@ class Doctor:
         # BLOB.* where no module is loaded would make ACL SETUSER refuse the whole line.
         fabric = s.transport in ("fabric", "blob-tcp") or (s.transport == "auto" and self._module_loaded)
         return acl.worker_line(s.username or "default", s.tenant, prefix=s.key_prefix, cluster=self._is_cluster(),
-                               tiering=True, fabric=fabric, db=s.db, fabric_dialect=s.fabric.dialect)
+                               tiering=True, fabric=fabric, db=s.db, fabric_dialect=s.fabric.dialect,
+                               durable=s.put_replicas > 0)
 
     def _is_cluster(self) -> bool:
         return bool(getattr(self._client, "is_cluster", False))

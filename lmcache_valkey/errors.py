@@ -83,6 +83,18 @@ class DeadlineExceeded(TransportError, TimeoutError):
     cause = "deadline"
 
 
+class NotReplicated(TransportError):
+    """``put_replicas``: the primary stored the value, but fewer replicas than asked had it
+    when WAIT answered (within the put's deadline). The put is not acknowledged; the value
+    stays on the primary (a later read may still hit it)."""
+
+    cause = "replicas"
+
+    def __init__(self, wanted: int, got: int) -> None:
+        super().__init__(f"{got} of {wanted} replicas acknowledged the write")
+        self.wanted, self.got = wanted, got
+
+
 class ServerError(TransportError):
     """The server answered with an error reply (``-ERR ...``)."""
 

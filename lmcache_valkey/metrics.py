@@ -106,6 +106,7 @@ ERROR_CAUSES = tuple(c for c in MISS_CAUSES if c != "absent") + (
     "oom",  # server refused a write (maxmemory)
     "overflow",  # bounded queue full
     "rejected",  # the object store refused a write for good (a permanent 4xx)
+    "replicas",  # put_replicas: fewer replicas than asked acknowledged a put (WAIT)
 )
 OPS = (
     "lookup",

@@ -27,6 +27,7 @@ from ...errors import (
     ConnectionLost,
     DeadlineExceeded,
     Loading,
+    NotReplicated,
     ProtocolError,
     ReadOnly,
     Redirect,
@@ -552,19 +553,35 @@ class RespClient:
         n = self._get_result(r, raise_=True)
         return n or None
 
-    @staticmethod
-    def _set_result(r: Any) -> TransportError | None:
+    def _set_ops(self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], ttl_s: float | None,
+                 timeout: float) -> list[Op]:
+        ops = [_set_op(i, k, parts, ttl_s, self.SET_VERB) for i, (k, parts) in enumerate(items)]
+        wanted = self.settings.put_replicas
+        if wanted:
+            # WAIT counts the replicas that have this connection's writes so far: sent right
+            # after each SET on its connection, it answers for that SET (and the ones before).
+            # Its own timeout ends inside the put's deadline, so the count comes back before
+            # the client gives up on the connection. (WAIT 0 would wait for ever.)
+            wait_ms = max(1, int(timeout * 900))
+            follow = encode_command((b"WAIT", wanted, wait_ms))
+            for op in ops:
+                op.follow = follow
+        return ops
+
+    def _set_result(self, r: Any) -> TransportError | None:
         if isinstance(r, TransportError):
             return r
         if type(r) is SimpleString and r == b"OK":  # a status, not a bulk "OK"
             return None
+        if type(r) is int and self.settings.put_replicas:  # WAIT's count, after an OK
+            return None if r >= self.settings.put_replicas else NotReplicated(self.settings.put_replicas, r)
         return ProtocolError(f"unexpected SET reply: {describe(r)}")
 
     async def set(
         self, key: bytes, parts: Sequence[bytes | memoryview], *, ttl_s: float | None, timeout: float
     ) -> None:
         """SET ``key`` to the concatenation of ``parts`` (sent as separate buffers, never joined)."""
-        (r,) = await self._run([_set_op(0, key, parts, ttl_s, self.SET_VERB)], large=True, timeout=timeout,
+        (r,) = await self._run(self._set_ops([(key, parts)], ttl_s, timeout), large=True, timeout=timeout,
                                idempotent=True)
         err = self._set_result(r)
         if err is not None:
@@ -573,7 +590,7 @@ class RespClient:
     async def set_many(
         self, items: Sequence[tuple[bytes, Sequence[bytes | memoryview]]], *, ttl_s: float | None, timeout: float
     ) -> list[TransportError | None]:
-        ops = [_set_op(i, k, parts, ttl_s, self.SET_VERB) for i, (k, parts) in enumerate(items)]
+        ops = self._set_ops(items, ttl_s, timeout)
         return [self._set_result(r) for r in await self._run(ops, large=True, timeout=timeout, idempotent=True)]
 
     async def exists_many(self, keys: Sequence[bytes], *, timeout: float, prefix: bool = False) -> list[bool]:

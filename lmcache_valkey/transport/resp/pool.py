@@ -253,7 +253,8 @@ class Op:
     sink: what the command can legitimately return (see parser.py).
     """
 
-    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "flags", "size", "bound")
+    __slots__ = ("index", "parts", "sink", "node", "asking", "slot", "key", "nreplies", "flags", "size", "bound",
+                 "follow")
 
     def __init__(self, index: int, parts: Sequence[Any], sink: Sequence[memoryview] | None,
                  key: bytes | None = None, size: int = 0, bound: int = SMALL_REPLY_MAX) -> None:
@@ -268,6 +269,10 @@ class Op:
         self.asking = False
         self.nreplies = 0  # > 0: ``parts`` is a pipeline of that many small commands; the value is their reply list
         self.flags = False  # with nreplies: each answers :0 or :1, and the value is one parser.FlagRun
+        # A small command sent right after this one on the same connection (WAIT after a SET:
+        # it must follow that connection's write). Its reply is the op's value, unless the
+        # op's own reply is an error, which is then the value. Large batches only.
+        self.follow: bytes | None = None
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
@@ -365,12 +370,27 @@ class _Lane:
                 conn.send((_ASKING,), None, _ignore, flush=False)
             inflight[conn] += op.size
             # Queued only: every op that fits the budget leaves in as few writes as possible.
-            if not conn.send(op.parts, op.sink, self._cb(conn, op), op.bound, flush=False):
+            if not self._send(conn, op):
                 inflight[conn] -= op.size
                 q.appendleft(op)
                 self._feed(conn)
                 return
         conn.flush()
+
+    def _send(self, conn: Connection, op: Op) -> bool:
+        done = self._cb(conn, op)
+        if op.follow is None:
+            return conn.send(op.parts, op.sink, done, op.bound, flush=False)
+        first: list[Any] = []
+        if not conn.send(op.parts, op.sink, first.append, op.bound, flush=False):
+            return False
+
+        def second(value: Any) -> None:
+            done(first[0] if isinstance(first[0], BaseException) else value)
+
+        if not conn.send((op.follow,), None, second, flush=False):  # (not reached: broken is set by events)
+            done(ConnectionLost(f"connection to {conn.node.name} broke between a command and its follow-up"))
+        return True
 
     def _let_go(self, conn: Connection) -> None:
         """Give an idle (or broken) connection back to the pool before the batch ends."""
