@@ -36,19 +36,11 @@ MiB = 1 << 20
 NS = make_namespace("lmcv", "default", {"model": "bench-put-durability"})
 
 
-def linked(replica: ValkeyServer) -> None:
-    deadline = time.monotonic() + 30
-    while b"master_link_status:up" not in replica.cmd("INFO", "replication"):
-        if time.monotonic() > deadline:
-            raise SystemExit("the replica never linked up")
-        time.sleep(0.05)
-
-
 async def run(sizes: list[int], batch: int, rounds: int) -> None:
     with ValkeyServer() as primary, ValkeyServer() as alone:
         replica = ValkeyServer(args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
         try:
-            linked(replica)
+            replica.wait_linked(30)
             stores = {
                 "no replica": await open_store(alone.settings(transport="tcp", op_timeout_s=30), NS),
                 "async": await open_store(primary.settings(transport="tcp", op_timeout_s=30), NS),

@@ -38,10 +38,7 @@ def not_replicated() -> float:
 def replica(valkey_server):
     r = ValkeyServer(args=["--replicaof", "127.0.0.1", str(valkey_server.port)]).start()
     try:
-        deadline = time.monotonic() + 20
-        while b"master_link_status:up" not in r.cmd("INFO", "replication"):
-            assert time.monotonic() < deadline, "the replica never linked up"
-            time.sleep(0.05)
+        r.wait_linked()
         yield r
     finally:
         try:

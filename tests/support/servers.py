@@ -237,6 +237,14 @@ class ValkeyServer:
             raise r
         return r
 
+    def wait_linked(self, timeout: float = 20.0) -> None:
+        """A replica (``--replicaof``): wait until its link to the primary is up."""
+        deadline = time.monotonic() + timeout
+        while b"master_link_status:up" not in self.cmd("INFO", "replication"):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replica on {self.port} never linked up")
+            time.sleep(0.05)
+
     # --- lifecycle ----------------------------------------------------------------
 
     def _argv(self) -> list[str]:
